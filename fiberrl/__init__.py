@@ -1,0 +1,30 @@
+"""fiberrl: Python's ``multiprocessing`` API, with processes that run as cluster jobs.
+
+Swap ``import multiprocessing as mp`` for ``import fiberrl as mp``: ``Process``,
+``Queue``, ``JoinableQueue``, ``SimpleQueue`` and ``Pipe`` then run on the local
+machine (the default), or on the backend chosen with ``fiberrl.init(backend=...)``.
+Importing this package does no work; each name is resolved on first use.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .context import FiberContext, default_context
+from .errors import (AuthenticationError, BufferTooShort, JobFailedError, ProcessError,
+                     TimeoutError)
+
+__version__ = "0.1.0"
+
+_CONTEXT_NAMES = [name for name in dir(FiberContext) if not name.startswith("_")]
+
+__all__ = sorted(set(_CONTEXT_NAMES) | {"FiberContext", "JobFailedError", "__version__"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CONTEXT_NAMES:
+        return getattr(default_context, name)
+    raise AttributeError(f"module 'fiberrl' has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_CONTEXT_NAMES))

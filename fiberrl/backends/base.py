@@ -1,0 +1,124 @@
+"""The backend interface: how fiberrl asks a cluster for a job.
+
+A backend turns a :class:`JobSpec` (a command, its environment and resource hints)
+into a running job and answers questions about it. Adding a backend means writing
+one subclass of :class:`Backend` and registering it (in :mod:`fiberrl.backends` or
+through the ``fiberrl.backends`` entry-point group); nothing else in fiberrl changes.
+"""
+from __future__ import annotations
+
+import abc
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+
+class JobState(enum.Enum):
+    """Life-cycle states common to every backend."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"
+
+    @property
+    def finished(self) -> bool:
+        """True for states a job never leaves."""
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+@dataclass
+class JobSpec:
+    """What to run and what it needs.
+
+    ``cpu`` is a number of CPUs, ``mem`` bytes, ``gpu`` a number of GPUs; ``None``
+    leaves the backend's default. ``env`` holds the variables to *add* to the job's
+    environment (the run's secret travels here, never in ``command``).
+    ``pass_fds`` are file descriptors a same-machine backend may hand to the job.
+    """
+
+    command: List[str]
+    env: Dict[str, str] = field(default_factory=dict)
+    name: str = "fiberrl-job"
+    cpu: Optional[float] = None
+    mem: Optional[int] = None
+    gpu: int = 0
+    image: Optional[str] = None
+    cwd: Optional[str] = None
+    pass_fds: tuple = ()
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Job:
+    """A handle on a submitted job. ``data`` is the backend's private state."""
+
+    id: str
+    backend: str
+    spec: JobSpec
+    host: Optional[str] = None
+    pid: Optional[int] = None
+    data: Any = None
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """A job's state; for finished jobs, its exit code and a human-readable reason.
+
+    ``exit_code`` follows ``multiprocessing``: 0, the ``sys.exit`` code, 1 for an
+    uncaught exception, ``-N`` for death by signal N. ``reason`` says why a job
+    ended abnormally (``"signal 9 (SIGKILL)"``, ``"OOMKilled"``, ``"TIMEOUT"``...).
+    """
+
+    state: JobState
+    exit_code: Optional[int] = None
+    reason: str = ""
+
+
+class Backend(abc.ABC):
+    """The handful of operations fiberrl needs from a cluster."""
+
+    #: Registered name (``fiberrl.init(backend=name)``).
+    name: str = ""
+    #: True when jobs run on this machine and inherit ``JobSpec.pass_fds``.
+    shares_host: bool = False
+
+    @abc.abstractmethod
+    def create_job(self, spec: JobSpec) -> Job:
+        """Start a job for ``spec``; raise :class:`~fiberrl.errors.BackendError` if refused."""
+
+    @abc.abstractmethod
+    def status(self, job: Job) -> JobStatus:
+        """The job's current state (cheap enough to call a few times a second)."""
+
+    def wait(self, job: Job, timeout: Optional[float] = None) -> Optional[JobStatus]:
+        """Block until the job finishes or ``timeout`` passes; None on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            status = self.status(job)
+            if status.state.finished:
+                return status
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
+            time.sleep(pause)
+            delay = min(delay * 2, 0.5)
+
+    @abc.abstractmethod
+    def terminate(self, job: Job, force: bool = False) -> None:
+        """Ask the job to stop (SIGTERM-like); ``force`` kills it (SIGKILL-like)."""
+
+    @abc.abstractmethod
+    def logs(self, job: Job, tail: int = 50) -> str:
+        """The last ``tail`` lines of the job's output, as far as the backend kept them."""
+
+    @abc.abstractmethod
+    def listen_host(self) -> str:
+        """The address this process's hub should bind so that this backend's jobs reach it."""
+
+    def close(self) -> None:
+        """Release the backend's resources (threads, clients)."""

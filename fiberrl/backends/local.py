@@ -1,0 +1,159 @@
+"""The local backend: each job is a subprocess of this machine.
+
+A job's stdout and stderr are pumped by one selector thread (``fiberrl-output``)
+to this process's own stdout/stderr, so ``print`` in a child shows up as it does
+with ``multiprocessing``, while the last lines are kept for error messages.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import selectors
+import signal
+import subprocess
+import threading
+from typing import Dict, Optional
+
+from ..errors import BackendError
+from .base import Backend, Job, JobSpec, JobState, JobStatus
+
+logger = logging.getLogger(__name__)
+
+_TAIL_LINES = 200
+
+
+def describe_exit(code: Optional[int]) -> str:
+    """``-9`` -> ``"killed by signal 9 (SIGKILL)"``; ``3`` -> ``"exit code 3"``."""
+    if code is None:
+        return ""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown signal"
+        return f"killed by signal {-code} ({name})"
+    return f"exit code {code}"
+
+
+class _OutputPump:
+    """Forwards every job's output to our stdout/stderr and keeps a tail per job."""
+
+    def __init__(self) -> None:
+        self._selector = selectors.DefaultSelector()
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self.tails: Dict[str, collections.deque] = {}
+        self._open: Dict[str, int] = {}
+        self._done: Dict[str, threading.Event] = {}
+        self._thread = threading.Thread(target=self._run, name="fiberrl-output", daemon=True)
+        self._thread.start()
+
+    def add(self, job_id: str, stdout, stderr) -> None:
+        with self._lock:
+            self.tails[job_id] = collections.deque(maxlen=_TAIL_LINES)
+            self._open[job_id] = 2
+            self._done[job_id] = threading.Event()
+            self._selector.register(stdout, selectors.EVENT_READ, (job_id, 1))
+            self._selector.register(stderr, selectors.EVENT_READ, (job_id, 2))
+        os.write(self._wake_w, b"x")
+
+    def drained(self, job_id: str, timeout: float) -> None:
+        """Wait (briefly) until the job's pipes reached EOF, so its tail is complete."""
+        done = self._done.get(job_id)
+        if done is not None:
+            done.wait(timeout)
+
+    def _run(self) -> None:
+        while True:
+            for key, _ in self._selector.select():
+                if key.data is None:
+                    os.read(self._wake_r, 4096)
+                    continue
+                job_id, target_fd = key.data
+                try:
+                    chunk = os.read(key.fd, 65536)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    with self._lock:
+                        self._selector.unregister(key.fileobj)
+                        key.fileobj.close()
+                        self._open[job_id] -= 1
+                        if self._open[job_id] == 0:
+                            self._done[job_id].set()
+                    continue
+                try:
+                    os.write(target_fd, chunk)
+                except OSError:
+                    pass
+                self.tails[job_id].extend(chunk.decode("utf-8", "replace").splitlines())
+
+
+class LocalBackend(Backend):
+    """Jobs as subprocesses of this machine (the default backend)."""
+
+    name = "local"
+    shares_host = True
+
+    def __init__(self, listen_host: Optional[str] = None) -> None:
+        self._listen_host = listen_host or "127.0.0.1"
+        self._pump: Optional[_OutputPump] = None
+        self._pump_lock = threading.Lock()
+
+    def _output(self) -> _OutputPump:
+        with self._pump_lock:
+            if self._pump is None:
+                self._pump = _OutputPump()
+            return self._pump
+
+    def create_job(self, spec: JobSpec) -> Job:
+        env = dict(os.environ)
+        env.update(spec.env)
+        try:
+            popen = subprocess.Popen(spec.command, env=env, cwd=spec.cwd,
+                                     pass_fds=spec.pass_fds, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as exc:
+            raise BackendError(f"local backend could not start {spec.command[0]!r}: {exc}") from exc
+        job = Job(id=f"local-{popen.pid}", backend=self.name, spec=spec, host="localhost",
+                  pid=popen.pid, data=popen)
+        self._output().add(job.id, popen.stdout, popen.stderr)
+        logger.debug("started job %s: %s", job.id, spec.name)
+        return job
+
+    def status(self, job: Job) -> JobStatus:
+        code = job.data.poll()
+        return self._status(code)
+
+    @staticmethod
+    def _status(code: Optional[int]) -> JobStatus:
+        if code is None:
+            return JobStatus(JobState.RUNNING)
+        state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
+        return JobStatus(state, code, "" if code == 0 else describe_exit(code))
+
+    def wait(self, job: Job, timeout: Optional[float] = None) -> Optional[JobStatus]:
+        try:
+            code = job.data.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        return self._status(code)
+
+    def terminate(self, job: Job, force: bool = False) -> None:
+        if job.data.poll() is not None:
+            return
+        try:
+            job.data.send_signal(signal.SIGKILL if force else signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    def logs(self, job: Job, tail: int = 50) -> str:
+        pump = self._output()
+        pump.drained(job.id, timeout=1.0 if job.data.poll() is not None else 0.0)
+        lines = list(pump.tails.get(job.id, ()))
+        return "\n".join(lines[-tail:])
+
+    def listen_host(self) -> str:
+        return self._listen_host

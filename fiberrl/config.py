@@ -1,0 +1,178 @@
+"""fiberrl's configuration: one typed dataclass, one documented precedence.
+
+Precedence, highest first:
+
+1. keyword arguments of ``fiberrl.init(**kwargs)``;
+2. environment variables ``FIBERRL_<KEY>`` (e.g. ``FIBERRL_BACKEND=slurm``);
+3. the config file: the path in ``FIBERRL_CONFIG``, else ``fiberrl.toml`` in the
+   working directory (a flat table of the keys below, or a ``[fiberrl]`` table);
+4. the defaults below.
+
+An unknown key anywhere is a :class:`~fiberrl.errors.ConfigError` that lists the valid
+keys. Child jobs receive their parent's resolved configuration, so a whole tree of
+processes uses one backend and one set of defaults.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import threading
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, Mapping, Optional
+
+from .errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib as _toml
+else:  # pragma: no cover - exercised on Python < 3.11 only
+    import tomli as _toml
+
+ENV_PREFIX = "FIBERRL_"
+INHERITED_ENV = "FIBERRL_INHERITED_CONFIG"
+CONFIG_FILE_ENV = "FIBERRL_CONFIG"
+DEFAULT_CONFIG_FILE = "fiberrl.toml"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting of fiberrl, with its default."""
+
+    backend: str = "local"
+    """Where jobs run: ``local``, ``docker``, ``kubernetes``, ``slurm`` or a plugin's name."""
+    listen_host: Optional[str] = None
+    """Address this process's hub binds and advertises to its jobs; ``None`` asks the backend."""
+    python: str = sys.executable
+    """Python interpreter that runs each job (``python -m fiberrl.spawn``)."""
+    image: Optional[str] = None
+    """Container image for container backends."""
+    cpu: Optional[float] = None
+    """Default CPUs requested per job (``None``: the backend's default)."""
+    mem: Optional[str] = None
+    """Default memory per job, e.g. ``"512M"`` or ``"2G"`` (``None``: the backend's default)."""
+    gpu: int = 0
+    """Default GPUs per job."""
+    log_level: str = "WARNING"
+    """Level of the ``fiberrl`` logger in every process."""
+    log_dir: Optional[str] = None
+    """Directory for job logs (``None``: a per-user directory under the system temp dir)."""
+    start_timeout: float = 300.0
+    """Seconds a started job may take to connect back before it is declared failed."""
+    parent_grace: float = 3.0
+    """Seconds a job waits after losing its parent's hub before it exits (no orphans)."""
+    heartbeat_interval: float = 1.0
+    """Seconds between transport heartbeats (dead-peer detection across hosts)."""
+    heartbeat_timeout: float = 10.0
+    """Seconds without a heartbeat after which a peer connection is considered dead."""
+    max_task_retries: int = 3
+    """Times a pool task may be re-run after its worker died before it fails."""
+    extra: Dict[str, Any] = field(default_factory=dict)
+    """Backend-specific settings (e.g. ``{"slurm_partition": "gpu"}``)."""
+
+    @classmethod
+    def keys(cls) -> list:
+        """The valid configuration keys."""
+        return [f.name for f in fields(cls)]
+
+    def to_json(self) -> str:
+        """Serialize for handing to a child job."""
+        return json.dumps(dataclasses.asdict(self))
+
+
+def _check_keys(values: Mapping[str, Any], source: str) -> None:
+    unknown = sorted(set(values) - set(Config.keys()))
+    if unknown:
+        raise ConfigError(f"unknown fiberrl config key(s) {unknown} in {source}; "
+                          f"valid keys: {', '.join(Config.keys())}")
+
+
+def _coerce(name: str, raw: Any) -> Any:
+    """Convert ``raw`` (often a string from the environment) to the field's type."""
+    hint = typing.get_type_hints(Config)[name]
+    optional = type(None) in typing.get_args(hint)
+    target = [a for a in typing.get_args(hint) if a is not type(None)][0] if optional else hint
+    if raw is None or (isinstance(raw, str) and optional
+                       and raw.strip().lower() in ("", "none", "null")):
+        if not optional:
+            raise ConfigError(f"fiberrl config key {name!r} may not be empty")
+        return None
+    origin = typing.get_origin(target)
+    try:
+        if origin is dict or target is dict:
+            return json.loads(raw) if isinstance(raw, str) else dict(raw)
+        if target is bool:
+            return raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes")
+        if target in (int, float, str):
+            return target(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"fiberrl config key {name!r}: cannot read {raw!r} as "
+                          f"{getattr(target, '__name__', target)}") from exc
+    return raw
+
+
+def _from_file() -> Dict[str, Any]:
+    path = os.environ.get(CONFIG_FILE_ENV) or (
+        DEFAULT_CONFIG_FILE if os.path.exists(DEFAULT_CONFIG_FILE) else None)
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as fh:
+            data = _toml.load(fh)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{CONFIG_FILE_ENV} names {path!r}, which does not exist") from exc
+    except _toml.TOMLDecodeError as exc:
+        raise ConfigError(f"cannot parse fiberrl config file {path!r}: {exc}") from exc
+    data = data.get("fiberrl", data)
+    _check_keys(data, f"config file {path!r}")
+    return data
+
+
+def _from_env() -> Dict[str, Any]:
+    values = {}
+    for key, raw in os.environ.items():
+        if not key.startswith(ENV_PREFIX) or key in (CONFIG_FILE_ENV, INHERITED_ENV):
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        if name in Config.keys():
+            values[name] = raw
+    return values
+
+
+def resolve(**overrides: Any) -> Config:
+    """Build a :class:`Config` from overrides, environment, config file and defaults."""
+    _check_keys(overrides, "fiberrl.init() arguments")
+    inherited = os.environ.get(INHERITED_ENV)
+    values: Dict[str, Any] = json.loads(inherited) if inherited else _from_file()
+    if not inherited:
+        values.update(_from_env())
+    values.update(overrides)
+    return Config(**{k: _coerce(k, v) for k, v in values.items()})
+
+
+_lock = threading.Lock()
+_current: Optional[Config] = None
+
+
+def get_config() -> Config:
+    """The configuration in force, resolved on first use."""
+    global _current
+    with _lock:
+        if _current is None:
+            _current = resolve()
+        return _current
+
+
+def init(**overrides: Any) -> Config:
+    """Set fiberrl's configuration for this process (and the jobs it starts).
+
+    Example: ``fiberrl.init(backend="slurm", cpu=2, mem="4G")``.
+    """
+    global _current
+    config = resolve(**overrides)
+    with _lock:
+        _current = config
+    from . import backends  # local import: backends import config
+    backends.reset_default_backend()
+    return config

@@ -1,0 +1,150 @@
+"""``FiberContext``: the face of fiberrl, one factory method per ``multiprocessing`` name.
+
+Mirrors CPython's ``multiprocessing/context.py``: ``import fiberrl as mp`` exposes
+the default context's methods, and each imports its module only when first used, so
+importing fiberrl does no work. Every start method is accepted for compatibility;
+jobs always start as fresh interpreters (spawn semantics), on the configured backend.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from . import errors
+
+_START_METHODS = ["fiberrl", "spawn", "fork", "forkserver"]
+
+
+class FiberContext:
+    """A ``multiprocessing`` context whose processes are jobs."""
+
+    ProcessError = errors.ProcessError
+    BufferTooShort = errors.BufferTooShort
+    TimeoutError = errors.TimeoutError
+    AuthenticationError = errors.AuthenticationError
+
+    def __init__(self, start_method: str = "spawn") -> None:
+        self._start_method = start_method
+
+    @property
+    def Process(self):
+        """The job-backed ``Process`` class."""
+        from .process import Process
+        return Process
+
+    def Pipe(self, duplex: bool = True):
+        """Two connected ``Connection`` objects (see :func:`fiberrl.connection.Pipe`)."""
+        from .connection import Pipe
+        return Pipe(duplex)
+
+    def Queue(self, maxsize: int = 0):
+        """A queue shared by every process of the run."""
+        from .queues import Queue
+        return Queue(maxsize)
+
+    def JoinableQueue(self, maxsize: int = 0):
+        """A queue with ``task_done()`` and ``join()``."""
+        from .queues import JoinableQueue
+        return JoinableQueue(maxsize)
+
+    def SimpleQueue(self):
+        """An unbounded queue with ``put``, ``get``, ``empty`` and ``close``."""
+        from .queues import SimpleQueue
+        return SimpleQueue()
+
+    # -- process helpers ---------------------------------------------------------
+    @staticmethod
+    def current_process():
+        """The process object of the calling process."""
+        from .process import current_process
+        return current_process()
+
+    @staticmethod
+    def parent_process():
+        """The parent's process object (None in the main process)."""
+        from .process import parent_process
+        return parent_process()
+
+    @staticmethod
+    def active_children():
+        """Children of this process that are still running (joins finished ones)."""
+        from .process import active_children
+        return active_children()
+
+    @staticmethod
+    def cpu_count() -> int:
+        """Number of CPUs of this machine."""
+        count = os.cpu_count()
+        if count is None:
+            raise NotImplementedError("cannot determine number of cpus")
+        return count
+
+    # -- configuration and compatibility ----------------------------------------
+    @staticmethod
+    def init(**config: Any):
+        """Configure fiberrl (backend, resources...); see :mod:`fiberrl.config`."""
+        from .config import init
+        return init(**config)
+
+    @staticmethod
+    def meta(**hints: Any):
+        """Decorator attaching resource hints to a target (see :mod:`fiberrl.resources`)."""
+        from .resources import meta
+        return meta(**hints)
+
+    def get_context(self, method: Optional[str] = None) -> "FiberContext":
+        """A fiberrl context; every stdlib start method name is accepted."""
+        if method is not None and method not in _START_METHODS:
+            raise ValueError(f"cannot find context for {method!r}")
+        return self if method is None else FiberContext(method)
+
+    def get_start_method(self, allow_none: bool = False) -> str:
+        """The recorded start method (jobs always start as fresh interpreters)."""
+        return self._start_method
+
+    def set_start_method(self, method: Optional[str], force: bool = False) -> None:
+        """Accepted for compatibility; jobs always start as fresh interpreters."""
+        if method is not None and method not in _START_METHODS:
+            raise ValueError(f"cannot find context for {method!r}")
+        self._start_method = method or "spawn"
+
+    @staticmethod
+    def get_all_start_methods() -> list:
+        """The start method names fiberrl accepts."""
+        return list(_START_METHODS)
+
+    @staticmethod
+    def set_executable(executable: str) -> None:
+        """Set the Python interpreter that runs jobs."""
+        from .config import get_config, init
+        import dataclasses
+        overrides = dataclasses.asdict(get_config())
+        overrides["python"] = executable
+        init(**overrides)
+
+    @staticmethod
+    def set_forkserver_preload(module_names: list) -> None:
+        """Accepted for compatibility; has no effect."""
+
+    @staticmethod
+    def freeze_support() -> None:
+        """Accepted for compatibility; has no effect."""
+
+    @staticmethod
+    def allow_connection_pickling() -> None:
+        """Connections always pickle in fiberrl; kept for compatibility."""
+
+    @staticmethod
+    def get_logger():
+        """The ``fiberrl`` logger."""
+        from .log import get_logger
+        return get_logger()
+
+    @staticmethod
+    def log_to_stderr(level: Any = None):
+        """Log fiberrl's records to stderr."""
+        from .log import log_to_stderr
+        return log_to_stderr(level if level is not None else 20)
+
+
+default_context = FiberContext()

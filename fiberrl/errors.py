@@ -1,0 +1,55 @@
+"""Exceptions of fiberrl.
+
+The ``multiprocessing`` exception types are re-exported unchanged so that code
+catching ``multiprocessing.TimeoutError`` keeps working; fiberrl adds errors that
+carry what the cluster said about a job (exit code, signal, reason, log tail).
+"""
+from __future__ import annotations
+
+from multiprocessing import (AuthenticationError, BufferTooShort, ProcessError,
+                             TimeoutError)
+from typing import Optional
+
+__all__ = ["ProcessError", "BufferTooShort", "TimeoutError", "AuthenticationError",
+           "ConfigError", "BackendError", "JobFailedError", "RemoteError"]
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is invalid; the message lists the valid keys."""
+
+
+class BackendError(ProcessError):
+    """The cluster refused or failed an operation (submit, status, cancel)."""
+
+
+class JobFailedError(ProcessError):
+    """A job-backed process ended without running its target to completion.
+
+    Attributes carry the backend's view: ``job_id``, ``exit_code``, ``reason``
+    (e.g. ``"signal 9 (SIGKILL)"``, ``"OOMKilled"``, ``"TIMEOUT"``) and ``log_tail``.
+    """
+
+    def __init__(self, message: str, *, job_id: Optional[str] = None,
+                 exit_code: Optional[int] = None, reason: Optional[str] = None,
+                 log_tail: str = "") -> None:
+        detail = message
+        if job_id is not None:
+            detail += f" [job {job_id}]"
+        if reason:
+            detail += f": {reason}"
+        if log_tail:
+            detail += "\n--- last lines of the job's log ---\n" + log_tail.rstrip()
+        super().__init__(detail)
+        self.job_id = job_id
+        self.exit_code = exit_code
+        self.reason = reason
+        self.log_tail = log_tail
+
+
+class RemoteError(Exception):
+    """An exception raised in another process, re-raised here with its traceback text."""
+
+    def __init__(self, type_name: str, message: str, traceback_text: str) -> None:
+        super().__init__(f"{type_name}: {message}\n\nRemote traceback:\n{traceback_text}")
+        self.type_name = type_name
+        self.traceback_text = traceback_text

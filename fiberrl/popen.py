@@ -1,0 +1,316 @@
+"""Launch seam: turn a :class:`fiberrl.Process` into a job and track it.
+
+Data flow::
+
+    Process.start() -> Popen: pickle the process object (cloudpickle), keep it in the
+    hub's "spawn" service under a one-time token, build a JobSpec, backend.create_job()
+    job (python -m fiberrl.spawn) -> hub: "hello token" -> payload -> runs -> "exit code"
+
+``join``/``is_alive``/``exitcode`` combine the backend's view (authoritative: it sees
+OOM kills, signals, cancelled jobs) with the exit code the job reported itself.
+``sentinel`` is the read end of a pipe whose write end closes when the job ends: on
+backends that share this host the job inherits it (exact, like the stdlib); on the
+others a watcher thread closes it when the backend reports the job finished.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import secrets
+import sys
+import threading
+import time
+import weakref
+from multiprocessing import context as _mp_context
+from multiprocessing import util as _mp_util
+from multiprocessing.connection import wait as _wait_fds
+from typing import Any, Dict, Optional
+
+from . import reduction, transport
+from .backends import JobSpec, JobState, default_backend
+from .config import INHERITED_ENV, get_config
+from .hub import Hub, Request, get_hub
+
+logger = logging.getLogger(__name__)
+
+HUB_ENV = "FIBERRL_HUB"
+TOKEN_ENV = "FIBERRL_TOKEN"
+JOB_ENV = "FIBERRL_JOB_NAME"
+SENTINEL_ENV = "FIBERRL_SENTINEL_FD"
+
+
+_current_token: Optional[str] = None
+
+
+def current_job_token() -> Optional[str]:
+    """The one-time token this job was started with (None in a root process)."""
+    return _current_token
+
+
+def dead_job_tokens(tokens) -> set:
+    """Those of ``tokens`` whose jobs this process started and which have ended."""
+    service = _service
+    if service is None:
+        return set()
+    dead = set()
+    for token in tokens:
+        popen = service.popens.get(token)
+        if popen is not None and popen.poll() is not None:
+            dead.add(token)
+    return dead
+
+
+class _SpawnService:
+    """Hub service "spawn": hands each job its payload once, records reported exits."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.pending: Dict[str, tuple] = {}
+        self.popens: "weakref.WeakValueDictionary[str, Popen]" = weakref.WeakValueDictionary()
+        hub.register("spawn", self)
+
+    def __call__(self, op: str, request: Request) -> None:
+        token = request.args[0]
+        if op == "hello":
+            entry = self.pending.pop(token, None)
+            if entry is None:
+                request.fail(LookupError("unknown or already used job token"))
+                return
+            prep, frames = entry
+            popen = self.popens.get(token)
+            if popen is not None:
+                popen._on_hello(pid=request.args[1], host=request.args[2])
+            request.reply(prep, body=frames)
+        elif op == "exit":
+            popen = self.popens.get(token)
+            if popen is not None:
+                popen.reported_exit = request.args[1]
+        else:
+            request.fail(ValueError(f"unknown spawn op {op!r}"))
+
+
+_service_lock = threading.Lock()
+_service: Optional[_SpawnService] = None
+
+
+def _spawn_service() -> _SpawnService:
+    global _service
+    hub = get_hub()
+    with _service_lock:
+        if _service is None or _service.hub is not hub:
+            _service = _SpawnService(hub)
+        return _service
+
+
+def _pickle_process(process_obj) -> list:
+    """Pickle the process; name the offending argument when that fails."""
+    _mp_context.set_spawning_popen(_PICKLING)
+    try:
+        return reduction.dumps(process_obj)
+    except Exception as exc:
+        culprit = _find_unpicklable(process_obj)
+        message = f"cannot send {process_obj.name} to its job: {culprit or exc}"
+        if isinstance(exc, (TypeError, pickle.PicklingError, AttributeError)):
+            raise type(exc)(message) from exc
+        raise pickle.PicklingError(message) from exc
+    finally:
+        _mp_context.set_spawning_popen(None)
+
+
+def _find_unpicklable(process_obj) -> Optional[str]:
+    candidates = [("target", getattr(process_obj, "_target", None))]
+    candidates += [(f"argument {i}", a) for i, a in enumerate(getattr(process_obj, "_args", ()))]
+    candidates += [(f"keyword argument {k!r}", v)
+                   for k, v in getattr(process_obj, "_kwargs", {}).items()]
+    for label, value in candidates:
+        try:
+            reduction.dumps(value)
+        except Exception as exc:
+            return f"{label} {value!r:.120} cannot be pickled ({type(exc).__name__}: {exc})"
+    return None
+
+
+class _PicklingMarker:
+    """Stands in for a spawning Popen while pickling, so the stdlib lets
+    ``AuthenticationString`` (the process's authkey) be pickled."""
+
+    def duplicate_for_child(self, handle):
+        raise TypeError("file handles cannot be sent to a fiberrl job")
+
+
+_PICKLING = _PicklingMarker()
+
+
+class Popen:
+    """The job behind one :class:`fiberrl.Process` (the stdlib's ``Popen`` protocol)."""
+
+    method = "fiberrl"
+
+    def __init__(self, process_obj) -> None:
+        self.returncode: Optional[int] = None
+        self.reason = ""
+        self.reported_exit: Optional[int] = None
+        self.job = None
+        self._lock = threading.Lock()
+        cfg = get_config()
+        backend = default_backend()
+        service = _spawn_service()
+        frames = _pickle_process(process_obj)
+        prep = {"sys_path": list(sys.path), "cwd": os.getcwd(),
+                "log_level": cfg.log_level, "name": process_obj.name}
+        token = secrets.token_hex(12)
+        read_fd, write_fd = os.pipe()
+        env = {HUB_ENV: service.hub.address, TOKEN_ENV: token, JOB_ENV: process_obj.name,
+               INHERITED_ENV: cfg.to_json(), **transport.secret_env()}
+        if backend.shares_host:
+            env[SENTINEL_ENV] = str(write_fd)
+        resources = {"cpu": cfg.cpu, "mem": cfg.mem, "gpu": cfg.gpu,
+                     **getattr(process_obj, "_resources", {})}
+        from .resources import parse_mem
+        spec = JobSpec(command=[cfg.python, "-m", "fiberrl.spawn"], env=env,
+                       name=process_obj.name, cpu=resources.get("cpu"),
+                       mem=parse_mem(resources.get("mem")), gpu=resources.get("gpu") or 0,
+                       image=cfg.image, cwd=os.getcwd(),
+                       pass_fds=(write_fd,) if backend.shares_host else (),
+                       extra={k: v for k, v in resources.items() if k not in ("cpu", "mem", "gpu")})
+        service.pending[token] = (prep, frames)
+        service.popens[token] = self
+        self._token, self._service, self.backend = token, service, backend
+        try:
+            self.job = backend.create_job(spec)
+        except BaseException:
+            service.pending.pop(token, None)
+            os.close(read_fd)
+            os.close(write_fd)
+            raise
+        self.pid = self.job.pid
+        self.sentinel = read_fd
+        self._write_fd: Optional[int] = None
+        if backend.shares_host:
+            os.close(write_fd)
+        else:
+            self._write_fd = write_fd
+            _JobWatcher.instance().watch(self)
+        self.finalizer = _mp_util.Finalize(self, _close_fds, (read_fd,))
+        self._arm_start_timeout(cfg.start_timeout)
+
+    def _arm_start_timeout(self, seconds: float) -> None:
+        token, service, ref = self._token, self._service, weakref.ref(self)
+
+        def check() -> None:
+            if token in service.pending:  # never said hello
+                service.pending.pop(token, None)
+                popen = ref()
+                if popen is not None and popen.poll() is None:
+                    logger.error("job %s did not connect back within %.0f s; stopping it",
+                                 popen.job.id, seconds)
+                    popen.reason = f"did not connect back within {seconds:.0f} s"
+                    popen.backend.terminate(popen.job, force=True)
+
+        service.hub.call_soon(lambda: service.hub.call_later(seconds, check))
+
+    def _on_hello(self, pid: int, host: str) -> None:
+        if self.job is not None:
+            self.job.host = host
+            if self.pid is None:
+                self.pid = pid
+
+    # -- the stdlib Popen protocol ------------------------------------------------
+    def poll(self, flag: int = os.WNOHANG) -> Optional[int]:
+        """Exit code if the job has finished, else None."""
+        if self.returncode is None:
+            status = self.backend.status(self.job)
+            if status.state.finished:
+                self._finish(status)
+        return self.returncode
+
+    def _finish(self, status) -> None:
+        with self._lock:
+            if self.returncode is not None:
+                return
+            code = status.exit_code
+            if code is None:
+                code = self.reported_exit if self.reported_exit is not None else 1
+            if not self.reason:
+                self.reason = status.reason
+            self.returncode = code
+        self._service.pending.pop(self._token, None)
+        if code < 0 or status.state is JobState.FAILED and code == 0:
+            logger.info("job %s (%s) ended: %s", self.job.id, self.job.spec.name,
+                           self.reason or f"exit code {code}")
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        """Wait for the job to end; return its exit code, or None on timeout."""
+        if self.returncode is None:
+            if not _wait_fds([self.sentinel], timeout):
+                return None
+            status = self.backend.wait(self.job, timeout=max(timeout or 0.0, 5.0))
+            if status is not None:
+                self._finish(status)
+        return self.returncode
+
+    def terminate(self) -> None:
+        """Ask the job to stop (SIGTERM on the local backend)."""
+        if self.returncode is None:
+            self.backend.terminate(self.job, force=False)
+
+    def kill(self) -> None:
+        """Kill the job (SIGKILL on the local backend)."""
+        if self.returncode is None:
+            self.backend.terminate(self.job, force=True)
+
+    def close(self) -> None:
+        """Release the sentinel."""
+        if self.finalizer is not None:
+            self.finalizer()
+
+    def logs(self, tail: int = 50) -> str:
+        """The tail of the job's output."""
+        return self.backend.logs(self.job, tail)
+
+    def _close_write_end(self) -> None:
+        fd, self._write_fd = self._write_fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class _JobWatcher:
+    """Polls the backend for jobs on other hosts and closes their sentinels when they end."""
+
+    _instance: Optional["_JobWatcher"] = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._popens: "weakref.WeakSet[Popen]" = weakref.WeakSet()
+        self._thread = threading.Thread(target=self._run, name="fiberrl-job-watcher", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def instance(cls) -> "_JobWatcher":
+        with cls._lock:
+            if cls._instance is None or not cls._instance._thread.is_alive():
+                cls._instance = cls()
+            return cls._instance
+
+    def watch(self, popen: Popen) -> None:
+        self._popens.add(popen)
+
+    def _run(self) -> None:
+        while True:
+            for popen in list(self._popens):
+                try:
+                    if popen.poll() is not None:
+                        popen._close_write_end()
+                        self._popens.discard(popen)
+                except Exception:
+                    logger.debug("status of job %s failed", popen.job, exc_info=True)
+            time.sleep(0.2)

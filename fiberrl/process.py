@@ -1,0 +1,69 @@
+"""``fiberrl.Process``: a ``multiprocessing`` process whose body runs as a job.
+
+The class reuses CPython's ``multiprocessing.process.BaseProcess`` (names, daemon
+flag, ``_children`` bookkeeping, ``current_process()``, ``parent_process()`` and
+``active_children()`` all behave exactly as in the stdlib); only the launch seam
+``_Popen`` differs: it hands the process to :mod:`fiberrl.popen`, which asks the
+backend for a job.
+"""
+from __future__ import annotations
+
+from multiprocessing import process as _mp_process
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional
+
+from . import resources as _resources
+
+current_process = _mp_process.current_process
+parent_process = _mp_process.parent_process
+active_children = _mp_process.active_children
+
+
+class Process(_mp_process.BaseProcess):
+    """A process object whose ``start()`` submits a job to the configured backend.
+
+    Arguments are those of ``multiprocessing.Process`` plus optional resource hints
+    ``cpu``, ``mem`` (bytes or ``"2G"``) and ``gpu``, which override hints set with
+    ``@fiberrl.meta`` on the target.
+    """
+
+    _start_method = None  # the stdlib must not switch its own context in the job
+
+    def __init__(self, group: None = None, target: Optional[Callable[..., Any]] = None,
+                 name: Optional[str] = None, args: Iterable[Any] = (),
+                 kwargs: Optional[Mapping[str, Any]] = None, *, daemon: Optional[bool] = None,
+                 cpu: Optional[float] = None, mem: Any = None, gpu: Optional[int] = None) -> None:
+        if target is not None and not callable(target):
+            raise TypeError(f"Process target must be callable, got {type(target).__name__} {target!r:.80}")
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise TypeError(f"Process kwargs must be a mapping, got {type(kwargs).__name__}")
+        super().__init__(group, target, name, tuple(args), dict(kwargs or {}), daemon=daemon)
+        self._resources: Dict[str, Any] = {**_resources.hints_of(target),
+                                           **_resources.validate(cpu, mem, gpu)}
+
+    @staticmethod
+    def _Popen(process_obj: "Process"):
+        from .popen import Popen
+        return Popen(process_obj)
+
+    @property
+    def job_id(self) -> Optional[str]:
+        """The backend's id of this process's job (None before ``start()``)."""
+        popen = self._popen
+        return popen.job.id if popen is not None else None
+
+    @property
+    def exit_reason(self) -> str:
+        """Why the job ended, as the backend tells it (empty while running or on success)."""
+        popen = self._popen
+        if popen is None or popen.poll() is None:
+            return ""
+        return popen.reason
+
+    def job_logs(self, tail: int = 50) -> str:
+        """The last ``tail`` lines of this job's output, as the backend kept them."""
+        self._check_started()
+        return self._popen.logs(tail)
+
+    def _check_started(self) -> None:
+        if self._popen is None:
+            raise ValueError("process not started")

@@ -1,0 +1,77 @@
+"""The one serialization seam of fiberrl.
+
+Objects become a list of frames: ``[pickle_stream, buffer_1, buffer_2, ...]``.
+Pickle protocol 5 hands large contiguous buffers (numpy arrays, ``bytes``,
+``bytearray``, CPU torch tensors) to a callback instead of copying them into the
+stream, so they travel as separate ZeroMQ frames and are rebuilt without a copy.
+
+Plain data (bytes, str, numbers, numpy arrays) goes through the C pickler; anything
+else through cloudpickle, so lambdas, closures and classes defined in ``__main__``,
+a REPL or a notebook travel by value.
+
+Never call :func:`loads` on frames that were not authenticated first: unpickling is
+code execution (see :mod:`fiberrl.transport`).
+"""
+from __future__ import annotations
+
+import pickle
+from typing import Any, List, Sequence, Union
+
+import cloudpickle
+
+__all__ = ["dumps", "loads", "Frames", "OUT_OF_BAND_MIN_BYTES", "describe_unpicklable"]
+
+Frames = List[Union[bytes, memoryview, pickle.PickleBuffer]]
+
+#: Buffers at least this large travel as their own frame; smaller ones stay in-band.
+OUT_OF_BAND_MIN_BYTES = 64 * 1024
+
+_PLAIN_TYPES = frozenset((bytes, bytearray, str, int, float, bool, type(None), complex))
+
+
+
+def _is_plain_ndarray(obj: Any) -> bool:
+    """A numpy array without Python objects inside (numpy is not imported for this)."""
+    kind = type(obj)
+    return (kind.__name__ == "ndarray" and kind.__module__ == "numpy"
+            and not obj.dtype.hasobject)
+
+
+def _is_plain(obj: Any) -> bool:
+    kind = type(obj)
+    if kind in _PLAIN_TYPES:
+        return True
+    if kind.__name__ == "ndarray":
+        return _is_plain_ndarray(obj)
+    if kind in (tuple, list) and len(obj) <= 8:
+        return all(type(item) in _PLAIN_TYPES for item in obj)
+    return False
+
+
+def dumps(obj: Any) -> Frames:
+    """Serialize ``obj`` to frames; large buffers are separate, uncopied frames."""
+    buffers: Frames = []
+
+    def keep_out_of_band(buf: pickle.PickleBuffer) -> bool:
+        view = buf.raw()
+        if view.nbytes < OUT_OF_BAND_MIN_BYTES:
+            return True  # serialize in-band
+        buffers.append(view)
+        return False
+
+    if _is_plain(obj):
+        stream = pickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
+    else:
+        stream = cloudpickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
+    return [stream, *buffers]
+
+
+def loads(frames: Sequence[Any]) -> Any:
+    """Rebuild an object from authenticated frames made by :func:`dumps`."""
+    return pickle.loads(frames[0], buffers=frames[1:])
+
+
+def describe_unpicklable(obj: Any, exc: BaseException) -> str:
+    """A message naming what could not be pickled, for errors at the API boundary."""
+    return (f"cannot pickle {type(obj).__name__} object {obj!r:.200} for another process: "
+            f"{type(exc).__name__}: {exc}")

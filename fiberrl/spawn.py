@@ -1,0 +1,95 @@
+"""Worker entry point: ``python -m fiberrl.spawn``.
+
+1. read the hub address, one-time token and secret from the environment;
+2. say hello to the parent's hub and receive the payload (authenticated);
+3. restore ``sys.path`` and the working directory, unpickle the process object;
+4. watch the parent's hub: if it is gone for ``parent_grace`` seconds, exit (no orphans);
+5. run the process through the stdlib's ``BaseProcess._bootstrap`` (same exit codes,
+   same traceback printing), report the exit code to the hub, exit with it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from . import log, popen, reduction, transport
+from .config import get_config
+from .popen import HUB_ENV, JOB_ENV, SENTINEL_ENV, TOKEN_ENV
+
+logger = logging.getLogger(__name__)
+
+
+def _watch_parent(address: str, grace: float, sentinel_write: int) -> None:
+    """Exit this job if the parent's hub stays unreachable for ``grace`` seconds."""
+    sock = transport.context().socket(zmq.DEALER)
+    transport.configure_peer_socket(sock)
+    sock.setsockopt(zmq.LINGER, 0)
+    monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+    sock.connect(address)
+    lost_since = None
+    while True:
+        timeout = None if lost_since is None else max(0.0, grace - (time.monotonic() - lost_since))
+        if monitor.poll(None if timeout is None else timeout * 1000):
+            event = recv_monitor_message(monitor)
+            if event["event"] == zmq.EVENT_CONNECTED:
+                lost_since = None
+            elif event["event"] == zmq.EVENT_DISCONNECTED and lost_since is None:
+                lost_since = time.monotonic()
+        elif lost_since is not None:
+            os.close(sentinel_write)  # parent_process().is_alive() becomes False
+            logger.error("parent process is gone (hub %s unreachable for %.1f s); exiting",
+                         address, grace)
+            logging.shutdown()
+            os._exit(1)
+
+
+def main() -> int:
+    """Run the job described by the environment; return its exit code."""
+    address, token = os.environ[HUB_ENV], os.environ[TOKEN_ENV]
+    transport.secret()  # read it before it leaves the environment
+    popen._current_token = token
+    for name in (TOKEN_ENV, transport.SECRET_ENV):
+        os.environ.pop(name, None)  # not inherited by grandchildren's user code
+    inherited_sentinel = os.environ.pop(SENTINEL_ENV, None)
+    cfg = get_config()
+    log.configure_worker(cfg.log_level, os.environ.get(JOB_ENV, "job"))
+
+    client = transport.HubClient(address, grace=cfg.start_timeout)
+    (prep,), body = client.call("spawn", "hello", token, os.getpid(), socket.gethostname(),
+                                timeout=cfg.start_timeout)
+    for entry in reversed(prep["sys_path"]):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    try:
+        os.chdir(prep["cwd"])
+    except OSError:
+        logger.debug("working directory %s does not exist here", prep["cwd"])
+    process_obj = reduction.loads(body)
+
+    parent_r, parent_w = os.pipe()
+    threading.Thread(target=_watch_parent, args=(address, cfg.parent_grace, parent_w),
+                     name="fiberrl-parent-watch", daemon=True).start()
+    exitcode = process_obj._bootstrap(parent_sentinel=parent_r)
+    try:
+        client.cast("spawn", "exit", token, exitcode)
+    except zmq.ZMQError:
+        pass
+    from . import connection
+    connection.close_all()
+    if inherited_sentinel is not None:
+        try:
+            os.close(int(inherited_sentinel))
+        except OSError:
+            pass
+    return exitcode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""ZeroMQ transport: authenticated framing, the process-wide context, and RPC clients.
+
+Wire format of every fiberrl message (a ZeroMQ multipart message)::
+
+    [signature, header, body_0, body_1, ...]
+
+``signature`` is HMAC-SHA256 under the run's secret over the header, the first body
+frame (the pickle stream, when there is one) and the *lengths* of the other body
+frames. A message whose signature does not verify is dropped before anything in it is
+unpickled; that is the whole security argument, so every receive path goes through
+:func:`recv`. The remaining body frames are raw out-of-band buffers (numpy data):
+they are only ever used as buffers by an authenticated pickle stream, never
+unpickled themselves, so they are length-checked but not hashed (hashing 16 MB costs
+~14 ms here). The run's secret reaches jobs through their environment, never argv.
+
+Threads and sockets: ZeroMQ sockets are not thread-safe, so every socket here has one
+owning thread. :class:`HubClient` keeps one DEALER per calling thread.
+"""
+from __future__ import annotations
+
+import hmac
+import itertools
+import logging
+import os
+import pickle
+import secrets
+import socket as _socket
+import struct
+import threading
+import time
+from hashlib import sha256
+from typing import Any, List, Optional, Sequence, Tuple
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+logger = logging.getLogger(__name__)
+
+SECRET_ENV = "FIBERRL_SECRET"
+_SIG_BYTES = 32
+_LEN = struct.Struct("!Q")
+
+_state_lock = threading.Lock()
+_context: Optional[zmq.Context] = None
+_context_pid: Optional[int] = None
+_secret: Optional[bytes] = None
+
+
+def context() -> zmq.Context:
+    """The process-wide ZeroMQ context (re-created in a forked child)."""
+    global _context, _context_pid
+    with _state_lock:
+        if _context is None or _context_pid != os.getpid():
+            _context = zmq.Context()
+            _context_pid = os.getpid()
+        return _context
+
+
+def secret() -> bytes:
+    """The run's shared secret: inherited from the parent job, or made fresh for a root process."""
+    global _secret
+    with _state_lock:
+        if _secret is None:
+            inherited = os.environ.get(SECRET_ENV)
+            _secret = bytes.fromhex(inherited) if inherited else secrets.token_bytes(32)
+        return _secret
+
+
+def secret_env() -> dict:
+    """Environment entries that hand the secret to a job."""
+    return {SECRET_ENV: secret().hex()}
+
+
+def _mac(header: bytes, body: Sequence[Any]) -> bytes:
+    mac = hmac.new(secret(), header, sha256)
+    if body:
+        first = memoryview(body[0])
+        mac.update(_LEN.pack(first.nbytes))
+        mac.update(first)
+        for frame in body[1:]:
+            mac.update(_LEN.pack(memoryview(frame).nbytes))
+    return mac.digest()
+
+
+def send(sock: zmq.Socket, header: tuple, body: Sequence[Any] = (),
+         identity: Optional[bytes] = None, flags: int = 0) -> None:
+    """Sign and send one message; ``identity`` prefixes it for ROUTER sockets."""
+    head = pickle.dumps(header, protocol=5)
+    # copy views of caller-owned memory: ZeroMQ sends asynchronously, and the caller
+    # may change an array as soon as send() returns (bytes are immutable: no copy)
+    body = [f if isinstance(f, (bytes, zmq.Frame)) else bytes(f) for f in body]
+    frames: List[Any] = [_mac(head, body), head, *body]
+    if identity is not None:
+        frames.insert(0, identity)
+    sock.send_multipart(frames, flags=flags, copy=False)
+
+
+def verify(frames: List[Any]) -> Optional[Tuple[tuple, List[memoryview]]]:
+    """Check a received ``[signature, header, *body]``; return ``(header, body)`` or None."""
+    if len(frames) < 2:
+        return None
+    sig, head = frames[0].bytes if hasattr(frames[0], "bytes") else frames[0], frames[1]
+    head_bytes = head.bytes if hasattr(head, "bytes") else bytes(head)
+    body = [f.buffer if hasattr(f, "buffer") else memoryview(f) for f in frames[2:]]
+    if len(sig) != _SIG_BYTES or not hmac.compare_digest(sig, _mac(head_bytes, body)):
+        logger.warning("dropped a message that failed authentication (%d frames)", len(frames))
+        return None
+    return pickle.loads(head_bytes), body
+
+
+def recv(sock: zmq.Socket, router: bool = False, flags: int = 0):
+    """Receive one message; returns ``(header, body)`` (with identity first for a ROUTER),
+    or ``None`` when it failed authentication and was dropped unread."""
+    frames = sock.recv_multipart(flags=flags, copy=False)
+    identity = None
+    if router:
+        identity, frames = frames[0].bytes, frames[1:]
+    checked = verify(frames)
+    if checked is None:
+        return None
+    return (identity, *checked) if router else checked
+
+
+def local_hostname() -> str:
+    """This machine's short host name (used to prefer ipc:// between co-located peers)."""
+    return _socket.gethostname()
+
+
+def default_listen_host() -> str:
+    """An address other machines can reach this one at (falls back to loopback)."""
+    try:
+        with _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM) as probe:
+            probe.connect(("10.255.255.255", 1))
+            return probe.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def bind_random(sock: zmq.Socket, host: str) -> str:
+    """Bind ``sock`` to a free TCP port on ``host`` and return its address."""
+    port = sock.bind_to_random_port(f"tcp://{host}", min_port=20000, max_port=65000,
+                                    max_tries=200)
+    return f"tcp://{host}:{port}"
+
+
+def configure_peer_socket(sock: zmq.Socket) -> None:
+    """Options for sockets that talk across hosts: heartbeats and bounded linger."""
+    from .config import get_config
+    cfg = get_config()
+    sock.setsockopt(zmq.HEARTBEAT_IVL, int(cfg.heartbeat_interval * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(cfg.heartbeat_timeout * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TTL, int(cfg.heartbeat_timeout * 1000))
+    sock.setsockopt(zmq.LINGER, 5000)
+
+
+class HubUnreachable(ConnectionError):
+    """The hub that owns an object (a queue, a pipe registry, a lock) cannot be reached."""
+
+
+class RemoteCallError(Exception):
+    """A hub service rejected a call; carries the exception it raised."""
+
+
+_call_ids = itertools.count(1)
+
+
+class HubClient:
+    """Request/reply client for one hub address, one DEALER socket per calling thread.
+
+    Calls carry a request id; stale replies (from calls that timed out) are skipped.
+    While waiting, the client watches its connection: a hub that stays disconnected
+    for longer than ``grace`` seconds raises :class:`HubUnreachable` instead of hanging.
+    """
+
+    def __init__(self, address: str, grace: float = 10.0) -> None:
+        self.address = address
+        self.grace = grace
+        self._local = threading.local()
+        self._pid = os.getpid()
+
+    def _socket(self):
+        local = self._local
+        if getattr(local, "pid", None) != os.getpid():
+            sock = context().socket(zmq.DEALER)
+            configure_peer_socket(sock)
+            sock.setsockopt(zmq.LINGER, 2000)
+            monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            sock.connect(self.address)
+            local.sock, local.monitor, local.pid = sock, monitor, os.getpid()
+            local.connected, local.lost_since = False, time.monotonic()
+        return local
+
+    def _watch(self, local) -> None:
+        while local.monitor.poll(0):
+            event = recv_monitor_message(local.monitor)
+            if event["event"] == zmq.EVENT_CONNECTED:
+                local.connected, local.lost_since = True, None
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                local.connected, local.lost_since = False, time.monotonic()
+
+    def cast(self, service: str, op: str, *args: Any, body: Sequence[Any] = ()) -> None:
+        """Send a one-way message to a hub service."""
+        send(self._socket().sock, (service, op, 0, *args), body)
+
+    def call(self, service: str, op: str, *args: Any, body: Sequence[Any] = (),
+             timeout: Optional[float] = None) -> Tuple[tuple, List[memoryview]]:
+        """Call ``op`` of ``service`` and wait for its reply ``(values, body)``.
+
+        Raises :class:`TimeoutError` after ``timeout`` seconds (``None``: wait while the
+        hub is reachable) and :class:`HubUnreachable` if the hub goes away.
+        """
+        local = self._socket()
+        req_id = next(_call_ids)
+        send(local.sock, (service, op, req_id, *args), body)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        poller = zmq.Poller()
+        poller.register(local.sock, zmq.POLLIN)
+        poller.register(local.monitor, zmq.POLLIN)
+        while True:
+            wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+            ready = dict(poller.poll(wait * 1000))
+            if local.monitor in ready:
+                self._watch(local)
+            if local.sock in ready:
+                got = recv(local.sock)
+                if got is None:
+                    continue
+                header, reply_body = got
+                if header[0] != req_id:
+                    continue  # a late reply to an abandoned call
+                if header[1] == "err":
+                    raise header[2]
+                return header[2:], reply_body
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"no reply from hub {self.address} to {service}.{op}")
+            if local.lost_since is not None and time.monotonic() - local.lost_since > self.grace:
+                raise HubUnreachable(f"lost contact with the fiberrl hub at {self.address} "
+                                     f"(its process has probably exited)")
+
+
+_clients_lock = threading.Lock()
+_clients: dict = {}
+
+
+def client_for(address: str) -> HubClient:
+    """A shared :class:`HubClient` for ``address`` in this process."""
+    with _clients_lock:
+        key = (address, os.getpid())
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = HubClient(address)
+        return client
