@@ -15,14 +15,19 @@ mailbox. A sender whose peer is not active yet leaves messages in the peer's mai
 (the hub answers "stored" or "the peer is now at X"), so order is kept: mailbox
 messages are handed over at registration, before any direct message can arrive.
 
-End of file: ``close()`` sends a close marker to the peer; a peer whose process dies
-is noticed through the connection to its inbox dropping, so ``recv`` raises
-``EOFError`` instead of hanging. Closing a copy of an end that was sent to another
-process and never used here does not signal EOF (the other process holds the end),
-which mirrors how closing a duplicated file descriptor behaves.
+Two ends in one process talk over ``inproc://`` (a message sent is at once
+readable); ends in different processes over TCP.
 
-Limitation: an end is read by the process that activated it last; passing an end on
-again after it has been used is not supported.
+End of file, as with file descriptors, comes when the *last* copy of the other end
+is closed: a closing copy hands its unread messages back to the rendezvous (so a
+copy that peeked with ``poll`` loses nothing) and learns how many copies remain; the
+last one sends the close marker. A copy that was sent to another process and never
+used here does not count. A peer whose process dies is noticed through its inbox
+connection dropping; the rendezvous then confirms the job is gone, and ``recv``
+raises ``EOFError`` instead of hanging.
+
+Limitation: when several processes hold active copies of one end, senders deliver to
+the copy that became active last.
 """
 from __future__ import annotations
 
@@ -41,7 +46,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from . import reduction, transport
-from .hub import Hub, Request, get_hub
+from .rendezvous import pipe_registry
 
 logger = logging.getLogger(__name__)
 
@@ -49,66 +54,15 @@ _OBJECT, _BYTES, _CLOSE = "o", "b", "c"
 _LOOKUP_INTERVAL = 0.2
 
 
-class _PipeRegistry:
-    """Hub service "pipe": where each end lives, and mailboxes for ends not yet active."""
-
-    def __init__(self, hub: Hub) -> None:
-        self.hub = hub
-        self.pipes: Dict[str, dict] = {}
-        hub.register("pipe", self)
-
-    def create(self) -> str:
-        pipe_id = secrets.token_hex(8)
-        self.hub.call_soon(lambda: self.pipes.setdefault(pipe_id, self._entry()))
-        return pipe_id
-
-    @staticmethod
-    def _entry() -> dict:
-        return {"loc": [None, None], "mail": [[], []], "closed": [False, False]}
-
-    def __call__(self, op: str, request: Request) -> None:
-        pipe_id, end = request.args[0], request.args[1]
-        entry = self.pipes.get(pipe_id)
-        if entry is None:
-            if op == "closed":
-                return
-            entry = self.pipes[pipe_id] = self._entry()
-        if op == "register":
-            entry["loc"][end] = request.args[2]
-            mail, entry["mail"][end] = entry["mail"][end], []
-            counts = [len(frames) for _, frames in mail]
-            kinds = [kind for kind, _ in mail]
-            flat = [frame for _, frames in mail for frame in frames]
-            request.reply(kinds, counts, entry["loc"][1 - end], body=flat)
-        elif op == "mail":
-            peer = entry["loc"][end]
-            if peer is not None:
-                request.reply("peer", peer)
-            else:
-                entry["mail"][end].append((request.args[2], [bytes(f) for f in request.body]))
-                request.reply("stored", None)
-        elif op == "lookup":
-            request.reply(entry["loc"][end])
-        elif op == "closed":
-            entry["closed"][end] = True
-            if all(entry["closed"]):
-                del self.pipes[pipe_id]
-        else:
-            request.fail(ValueError(f"unknown pipe op {op!r}"))
-
-
-_registry_lock = threading.Lock()
-_registry: Optional[_PipeRegistry] = None
 _live: "weakref.WeakSet[Connection]" = weakref.WeakSet()
+_proc = {"pid": None, "id": None}
 
 
-def _pipe_registry() -> _PipeRegistry:
-    global _registry
-    hub = get_hub()
-    with _registry_lock:
-        if _registry is None or _registry.hub is not hub:
-            _registry = _PipeRegistry(hub)
-        return _registry
+def _process_id() -> str:
+    """A name for this process that no other process anywhere shares."""
+    if _proc["pid"] != os.getpid():
+        _proc["pid"], _proc["id"] = os.getpid(), f"{transport.local_hostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+    return _proc["id"]
 
 
 def close_all() -> None:
@@ -125,7 +79,7 @@ def Pipe(duplex: bool = True) -> Tuple["Connection", "Connection"]:
 
     With ``duplex=False`` the first can only receive and the second only send.
     """
-    registry = _pipe_registry()
+    registry = pipe_registry()
     pipe_id = registry.create()
     address = registry.hub.address
     first = Connection(pipe_id, 0, address, readable=True, writable=duplex)
@@ -146,8 +100,9 @@ class Connection:
         self._inbox: Optional[zmq.Socket] = None
         self._outbox: Optional[zmq.Socket] = None
         self._monitor: Optional[zmq.Socket] = None
-        self._peer_addr: Optional[str] = None
+        self._peer_loc: Optional[dict] = None
         self._peer_gone = False
+        self._suspect = False
         self._eof = False
         self._pending: Deque[Tuple[str, List[Any]]] = collections.deque()
         self._poller: Optional[zmq.Poller] = None
@@ -172,12 +127,16 @@ class Connection:
         inbox = ctx.socket(zmq.PULL)
         inbox.setsockopt(zmq.LINGER, 0)
         from .backends import default_backend
-        address = transport.bind_random(inbox, default_backend().listen_host())
+        from .popen import current_job_token
+        loc = {"tcp": transport.bind_random(inbox, default_backend().listen_host()),
+               "inproc": f"inproc://fiberrl-pipe-{self._pipe_id}-{self._end}-{secrets.token_hex(4)}",
+               "proc": _process_id()}
+        inbox.bind(loc["inproc"])
         client = transport.client_for(self._registry)
-        (kinds, counts, peer), body = client.call("pipe", "register", self._pipe_id,
-                                                  self._end, address)
+        (kinds, counts, peer), body = client.call("pipe", "register", self._pipe_id, self._end,
+                                                  loc, loc["proc"], current_job_token())
         self._inbox, self._pid = inbox, os.getpid()
-        self._outbox = self._monitor = None
+        self._outbox = self._monitor = self._peer_loc = None
         self._poller = zmq.Poller()
         self._poller.register(inbox, zmq.POLLIN)
         position = 0
@@ -188,22 +147,38 @@ class Connection:
             self._connect(peer)
         _live.add(self)
 
-    def _connect(self, address: str) -> None:
+    def _disconnect(self) -> None:
+        for sock in (self._monitor, self._outbox):
+            if sock is not None:
+                if sock is self._monitor:
+                    self._poller.unregister(sock)
+                sock.close(linger=0 if sock is self._monitor else 2000)
+        self._outbox = self._monitor = self._peer_loc = None
+
+    def _connect(self, loc: dict) -> None:
+        self._disconnect()
         outbox = transport.context().socket(zmq.PUSH)
         transport.configure_peer_socket(outbox)
-        self._monitor = outbox.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        outbox.connect(address)
-        self._outbox, self._peer_addr = outbox, address
-        self._poller.register(self._monitor, zmq.POLLIN)
+        if loc["proc"] == _process_id():
+            outbox.connect(loc["inproc"])  # same process: delivered at once
+        else:
+            self._monitor = outbox.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self._poller.register(self._monitor, zmq.POLLIN)
+            outbox.connect(loc["tcp"])
+        self._outbox, self._peer_loc, self._suspect = outbox, loc, False
 
     def _lookup_peer(self) -> None:
+        """Find (or re-find) the other end; decide EOF if its last holder is gone."""
         now = time.monotonic()
-        if self._peer_addr is None and now - self._last_lookup >= _LOOKUP_INTERVAL:
-            self._last_lookup = now
-            (peer,), _ = transport.client_for(self._registry).call(
-                "pipe", "lookup", self._pipe_id, 1 - self._end)
-            if peer is not None:
-                self._connect(peer)
+        if now - self._last_lookup < _LOOKUP_INTERVAL:
+            return
+        self._last_lookup = now
+        (loc, holders), _ = transport.client_for(self._registry).call(
+            "pipe", "lookup", self._pipe_id, 1 - self._end)
+        if loc is not None and loc != self._peer_loc:
+            self._connect(loc)
+        elif self._suspect and holders == 0:
+            self._peer_gone = True
 
     # -- checks ----------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -279,9 +254,9 @@ class Connection:
     # -- receiving -------------------------------------------------------------------
     def _wait(self, timeout: Optional[float]) -> bool:
         """Wait until a message (or EOF) is pending; False on timeout."""
+        self._activate()
         if self._pending or self._eof:
             return True
-        self._activate()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             try:
@@ -297,17 +272,18 @@ class Connection:
             if self._peer_gone:
                 self._eof = True
                 return True
-            self._lookup_peer()
+            if self._peer_loc is None or self._suspect:
+                self._lookup_peer()
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return False
-            slice_ms = 1000 * (_LOOKUP_INTERVAL if self._peer_addr is None else 1.0)
+            slice_ms = 1000 * (_LOOKUP_INTERVAL if self._peer_loc is None or self._suspect else 1.0)
             if remaining is not None:
                 slice_ms = min(slice_ms, remaining * 1000)
             events = dict(self._poller.poll(slice_ms))
             if self._monitor is not None and self._monitor in events:
                 recv_monitor_message(self._monitor)
-                self._peer_gone = True  # drain what arrived, then EOF
+                self._suspect = True  # ask the rendezvous whether any copy is left
 
     def _next(self) -> Tuple[str, List[Any]]:
         self._wait(None)
@@ -366,41 +342,53 @@ class Connection:
 
     # -- closing ---------------------------------------------------------------------
     def close(self) -> None:
-        """Close this end; the other end then gets ``EOFError`` (see the module doc)."""
+        """Close this copy; when it is the last copy, the other end gets ``EOFError``."""
         if self._closed:
             return
-        active_here = self._pid == os.getpid()
         try:
-            if active_here or not self._shipped:
-                if self._writable or self._readable:
-                    self._send_close()
+            if self._pid == os.getpid():
+                self._release()
+            elif not self._shipped:
+                self._close_unused()
         except Exception:
             logger.debug("could not tell the peer of %r that it closed", self, exc_info=True)
         finally:
             self._closed = True
-            if active_here:
-                for sock in (self._monitor, self._outbox, self._inbox):
-                    if sock is not None:
-                        sock.close()
+            if self._pid == os.getpid():
+                self._disconnect()
+                self._inbox.close()
                 _live.discard(self)
-            self._inbox = self._outbox = self._monitor = self._poller = None
+            self._inbox = self._poller = None
+            self._pending.clear()
 
-    def _send_close(self) -> None:
-        if self._pid != os.getpid():
-            # never used here: leave the marker in the peer's mailbox, or send it directly
-            (answer, peer), _ = transport.client_for(self._registry).call(
-                "pipe", "mail", self._pipe_id, 1 - self._end, _CLOSE, timeout=5.0)
-            if answer == "stored":
-                transport.client_for(self._registry).cast("pipe", "closed", self._pipe_id, self._end)
-                return
+    def _release(self) -> None:
+        """Hand unread messages back to the rendezvous; the last copy sends EOF."""
+        while True:
+            try:
+                got = transport.recv(self._inbox, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if got:
+                self._pending.append((got[0][0], got[1]))
+        unread = list(self._pending)
+        (remaining,), _ = transport.client_for(self._registry).call(
+            "pipe", "release", self._pipe_id, self._end, _process_id(),
+            [kind for kind, _ in unread], [len(body) for _, body in unread],
+            body=[frame for _, body in unread for frame in body], timeout=10.0)
+        if remaining == 0 and not self._eof:
+            self._send_frames(_CLOSE, [])
+
+    def _close_unused(self) -> None:
+        """Closing a copy never used nor sent anywhere: the peer gets EOF."""
+        client = transport.client_for(self._registry)
+        (answer, loc), _ = client.call("pipe", "mail", self._pipe_id, 1 - self._end, _CLOSE,
+                                       timeout=10.0)
+        if answer == "peer":
             sock = transport.context().socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 2000)
-            sock.connect(peer)
+            sock.connect(loc["tcp"])
             transport.send(sock, (_CLOSE,))
             sock.close()
-        else:
-            self._send_frames(_CLOSE, [])
-        transport.client_for(self._registry).cast("pipe", "closed", self._pipe_id, self._end)
 
     def __enter__(self) -> "Connection":
         return self
@@ -411,9 +399,8 @@ class Connection:
     def __del__(self) -> None:
         if not getattr(self, "_closed", True) and self._pid == os.getpid():
             try:
-                for sock in (self._monitor, self._outbox, self._inbox):
-                    if sock is not None:
-                        sock.close(linger=1000)
+                self._disconnect()
+                self._inbox.close()
             except Exception:
                 pass
 

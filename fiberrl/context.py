@@ -114,12 +114,12 @@ class FiberContext:
         return list(_START_METHODS)
 
     @staticmethod
-    def set_executable(executable: str) -> None:
-        """Set the Python interpreter that runs jobs."""
-        from .config import get_config, init
+    def set_executable(executable: "str | bytes | os.PathLike") -> None:
+        """Set the Python interpreter that runs jobs (str, bytes or path)."""
         import dataclasses
+        from .config import get_config, init
         overrides = dataclasses.asdict(get_config())
-        overrides["python"] = executable
+        overrides["python"] = os.fsdecode(executable)
         init(**overrides)
 
     @staticmethod

@@ -176,7 +176,7 @@ class _QueueService:
 
     def op_put(self, broker: _Broker, request: Request) -> None:
         block, timeout = request.args[1], request.args[2]
-        body = [bytes(f) for f in request.body]
+        body = list(request.body)  # views of received frames: writable, no copy
         with broker.lock:
             if not broker.full():
                 broker.add(body)
@@ -329,7 +329,7 @@ class Queue:
                         raise _queue.Full
                     broker.not_full.wait(remaining)
             # copy views of the caller's buffers: the item must not change after put()
-            broker.add([f if isinstance(f, bytes) else bytes(f) for f in frames])
+            broker.add([bytearray(f) if i else f for i, f in enumerate(frames)])
 
     def put_nowait(self, obj: Any) -> None:
         """``put(obj, False)``."""

@@ -1,0 +1,118 @@
+"""Hub service "pipe": where each end of each ``Pipe`` lives, and its mailbox.
+
+Lives in the hub of the process that called ``Pipe()``. For each end it keeps:
+
+* ``holders``: the copies of the end that are *active* (bound an inbox) in some
+  process, by process id, each with its inbox addresses and job token;
+* ``mail``: messages sent to the end while no copy was active, and messages a copy
+  had not read when it closed (handed back so the next copy reads them, in order).
+
+A sender asks ``mail``: the hub stores the message, or answers with the address of
+the active copy so the sender connects there directly. A closing copy calls
+``release``: the answer says how many copies stay active, so only the last one
+tells the peer "EOF". Copies held by jobs that died are dropped on ``lookup``.
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from typing import Dict, List, Optional
+
+from .hub import Hub, Request, get_hub
+
+logger = logging.getLogger(__name__)
+
+
+class _End:
+    __slots__ = ("holders", "order", "mail")
+
+    def __init__(self) -> None:
+        self.holders: Dict[str, dict] = {}   # proc_id -> {"loc": ..., "token": ...}
+        self.order: List[str] = []           # proc_ids, most recent last
+        self.mail: List[tuple] = []          # (kind, [frames])
+
+    def location(self) -> Optional[dict]:
+        return self.holders[self.order[-1]]["loc"] if self.order else None
+
+    def drop(self, proc_id: str) -> None:
+        self.holders.pop(proc_id, None)
+        if proc_id in self.order:
+            self.order.remove(proc_id)
+
+
+class PipeRegistry:
+    """The "pipe" service of one hub."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.pipes: Dict[str, List[_End]] = {}
+        hub.register("pipe", self)
+
+    def create(self) -> str:
+        """A new pipe id (its entry is made on first use)."""
+        return secrets.token_hex(8)
+
+    def _ends(self, pipe_id: str) -> List[_End]:
+        ends = self.pipes.get(pipe_id)
+        if ends is None:
+            ends = self.pipes[pipe_id] = [_End(), _End()]
+        return ends
+
+    def _purge_dead(self, end: _End) -> None:
+        from .popen import dead_job_tokens
+        tokens = {h["token"] for h in end.holders.values() if h["token"]}
+        dead = dead_job_tokens(tokens) if tokens else set()
+        for proc_id, holder in list(end.holders.items()):
+            if holder["token"] in dead:
+                end.drop(proc_id)
+
+    def __call__(self, op: str, request: Request) -> None:
+        pipe_id, index = request.args[0], request.args[1]
+        ends = self._ends(pipe_id)
+        end, peer = ends[index], ends[1 - index]
+        if op == "register":
+            loc, proc_id, token = request.args[2], request.args[3], request.args[4]
+            end.drop(proc_id)
+            end.holders[proc_id] = {"loc": loc, "token": token}
+            end.order.append(proc_id)
+            mail, end.mail = end.mail, []
+            request.reply([k for k, _ in mail], [len(f) for _, f in mail], peer.location(),
+                          body=[frame for _, frames in mail for frame in frames])
+        elif op == "mail":
+            loc = end.location()
+            if loc is not None:
+                request.reply("peer", loc)
+            else:
+                end.mail.append((request.args[2], list(request.body)))
+                request.reply("stored", None)
+        elif op == "lookup":
+            self._purge_dead(end)
+            request.reply(end.location(), len(end.holders))
+        elif op == "release":
+            proc_id, kinds, counts = request.args[2], request.args[3], request.args[4]
+            end.drop(proc_id)
+            returned, position = [], 0
+            for kind, count in zip(kinds, counts):
+                returned.append((kind, list(request.body[position:position + count])))
+                position += count
+            end.mail[:0] = returned
+            request.reply(len(end.holders))
+        elif op == "forget":
+            self.pipes.pop(pipe_id, None)
+        else:
+            request.fail(ValueError(f"unknown pipe op {op!r}"))
+
+
+_lock = threading.Lock()
+_registry: Optional[PipeRegistry] = None
+
+
+def pipe_registry() -> PipeRegistry:
+    """This process's pipe registry (starts the hub if needed)."""
+    global _registry
+    hub = get_hub()
+    with _lock:
+        if _registry is None or _registry.hub is not hub:
+            _registry = PipeRegistry(hub)
+        return _registry

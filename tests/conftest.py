@@ -1,0 +1,30 @@
+"""Shared fixtures: every test must leave no child process behind."""
+import time
+
+import psutil
+import pytest
+
+
+def _children():
+    return {p.pid: p for p in psutil.Process().children(recursive=True)}
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes():
+    """Fail a test that leaves processes behind (after a short grace to exit)."""
+    before = set(_children())
+    yield
+    deadline = time.monotonic() + 10.0
+    leaked = {}
+    while time.monotonic() < deadline:
+        leaked = {pid: p for pid, p in _children().items()
+                  if pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE}
+        if not leaked:
+            return
+        time.sleep(0.1)
+    for proc in leaked.values():
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    pytest.fail(f"test leaked processes: {[p.cmdline() for p in leaked.values()]}")

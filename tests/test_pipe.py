@@ -1,0 +1,120 @@
+"""Pipe and Connection: order, bytes, EOF, errors, peers in other processes."""
+import array
+import os
+import signal
+import time
+
+import pytest
+
+import fiberrl
+from fiberrl import BufferTooShort
+
+
+def _echo(conn):
+    for msg in iter(conn.recv, None):
+        conn.send(msg)
+    conn.close()
+
+
+def _hold(conn, ready):
+    ready.send("up")
+    time.sleep(600)
+
+
+def _count_to(conn, n):
+    for i in range(n):
+        conn.send(i)
+
+
+def _collect(conn, n, out):
+    out.send([conn.recv() for _ in range(n)])
+
+
+def test_order_is_preserved_between_processes():
+    a, b = fiberrl.Pipe()
+    proc = fiberrl.Process(target=_count_to, args=(b, 5000))
+    proc.start()
+    assert [a.recv() for _ in range(5000)] == list(range(5000))
+    proc.join(30)
+
+
+def test_pipe_between_two_children():
+    a, b = fiberrl.Pipe()
+    result_r, result_w = fiberrl.Pipe(duplex=False)
+    procs = [fiberrl.Process(target=_count_to, args=(a, 100)),
+             fiberrl.Process(target=_collect, args=(b, 100, result_w))]
+    for proc in procs:
+        proc.start()
+    assert result_r.recv() == list(range(100))
+    for proc in procs:
+        proc.join(30)
+
+
+def test_echo_objects_bytes_and_eof_after_close():
+    a, b = fiberrl.Pipe()
+    proc = fiberrl.Process(target=_echo, args=(b,))
+    proc.start()
+    b.close()  # the parent's copy of a sent end: not an EOF for `a`
+    a.send({"k": [1, 2.5]})
+    assert a.recv() == {"k": [1, 2.5]}
+    big = b"z" * (16 << 20)
+    a.send(big)
+    assert a.recv() == big
+    a.send(None)
+    with pytest.raises(EOFError):
+        a.recv()
+    proc.join(30)
+
+
+def test_eof_when_the_peer_process_is_killed():
+    a, b = fiberrl.Pipe()
+    ready_r, ready_w = fiberrl.Pipe(duplex=False)
+    proc = fiberrl.Process(target=_hold, args=(b, ready_w))
+    proc.start()
+    assert ready_r.recv() == "up"
+    os.kill(proc.pid, signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(EOFError):
+        a.recv()
+    assert time.monotonic() - started < 10
+    proc.join(10)
+
+
+def test_send_bytes_slices_and_recv_bytes_into():
+    a, b = fiberrl.Pipe()
+    a.send_bytes(b"abcdefgh", 2, 3)
+    assert b.recv_bytes() == b"cde"
+    arr = array.array("i", [1, 2, 3])
+    a.send_bytes(arr)
+    buf = array.array("i", [0] * 5)
+    assert b.recv_bytes_into(buf, 4) == 12
+    assert list(buf) == [0, 1, 2, 3, 0]
+    a.send_bytes(b"x" * 100)
+    with pytest.raises(BufferTooShort) as info:
+        b.recv_bytes_into(bytearray(10))
+    assert info.value.args[0] == b"x" * 100
+    with pytest.raises(ValueError):
+        a.send_bytes(b"abc", 4)
+
+
+def test_closed_and_one_way_connections_raise_oserror():
+    reader, writer = fiberrl.Pipe(duplex=False)
+    with pytest.raises(OSError):
+        reader.send(1)
+    with pytest.raises(OSError):
+        writer.recv()
+    writer.close()
+    assert writer.closed
+    with pytest.raises(OSError):
+        writer.send(1)
+    with pytest.raises(EOFError):
+        reader.recv()
+
+
+def test_poll_timeouts():
+    a, b = fiberrl.Pipe()
+    started = time.monotonic()
+    assert a.poll(0.2) is False
+    assert 0.15 < time.monotonic() - started < 2
+    b.send(1)
+    assert a.poll() is True and a.recv() == 1

@@ -1,0 +1,222 @@
+"""Process: life cycle, exit codes, signals, nesting, bad input, no orphans."""
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+
+import fiberrl
+
+
+def _sleep_forever():
+    time.sleep(600)
+
+
+def _exit_with(code):
+    sys.exit(code)
+
+
+def _raise():
+    raise RuntimeError("boom in the job")
+
+
+def _report(queue, value):
+    queue.put((value, fiberrl.current_process().name, fiberrl.parent_process().pid, os.getpid()))
+
+
+def _nested(queue):
+    child = fiberrl.Process(target=_report, args=(queue, "grandchild"))
+    child.start()
+    child.join(30)
+    queue.put(("child-done", child.exitcode))
+
+
+class Subclassed(fiberrl.Process):
+    def __init__(self, queue):
+        super().__init__()
+        self.queue = queue
+
+    def run(self):
+        self.queue.put(("run override", self.name))
+
+
+def test_start_join_exitcode_and_pid():
+    queue = fiberrl.Queue()
+    proc = fiberrl.Process(target=_report, args=(queue, 42), name="worker-a")
+    assert proc.exitcode is None and not proc.is_alive()
+    proc.start()
+    value, name, parent_pid, pid = queue.get(timeout=60)
+    proc.join(30)
+    assert (value, name, parent_pid) == (42, "worker-a", os.getpid())
+    assert pid == proc.pid
+    assert proc.exitcode == 0 and not proc.is_alive()
+    assert proc not in fiberrl.active_children()
+
+
+@pytest.mark.parametrize("target,args,code", [(_exit_with, (3,), 3), (_exit_with, (0,), 0),
+                                              (_raise, (), 1)])
+def test_exit_codes_follow_multiprocessing(target, args, code):
+    proc = fiberrl.Process(target=target, args=args)
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == code
+
+
+def test_sigkill_gives_minus_nine_and_join_returns_within_a_second():
+    proc = fiberrl.Process(target=_sleep_forever)
+    proc.start()
+    queue_ready = time.monotonic()
+    while proc.pid is None and time.monotonic() - queue_ready < 10:
+        time.sleep(0.01)
+    time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    started = time.monotonic()
+    proc.join()
+    assert time.monotonic() - started < 1.0
+    assert proc.exitcode == -9
+    assert "SIGKILL" in proc.exit_reason
+
+
+def test_terminate_and_kill():
+    first = fiberrl.Process(target=_sleep_forever)
+    second = fiberrl.Process(target=_sleep_forever)
+    first.start(), second.start()
+    first.terminate()
+    second.kill()
+    first.join(10), second.join(10)
+    assert first.exitcode == -signal.SIGTERM
+    assert second.exitcode == -signal.SIGKILL
+
+
+def test_lambda_and_closure_targets_travel_by_value():
+    queue = fiberrl.Queue()
+    offset = 100
+
+    def closure(q, x):
+        q.put(x + offset)
+
+    procs = [fiberrl.Process(target=closure, args=(queue, 1)),
+             fiberrl.Process(target=lambda q: q.put("lambda"), args=(queue,))]
+    for proc in procs:
+        proc.start()
+    got = {queue.get(timeout=60), queue.get(timeout=60)}
+    for proc in procs:
+        proc.join(30)
+    assert got == {101, "lambda"}
+
+
+def test_subclass_run_override_and_nested_processes():
+    queue = fiberrl.Queue()
+    sub = Subclassed(queue)
+    sub.start()
+    assert queue.get(timeout=60) == ("run override", sub.name)
+    sub.join(30)
+    parent = fiberrl.Process(target=_nested, args=(queue,))
+    parent.start()
+    first, second = queue.get(timeout=60), queue.get(timeout=60)
+    parent.join(30)
+    assert first[0] == "grandchild" and first[2] == parent.pid
+    assert second == ("child-done", 0)
+
+
+def test_non_callable_target_is_a_type_error():
+    with pytest.raises(TypeError, match="callable"):
+        fiberrl.Process(target=42)
+
+
+def test_unpicklable_argument_is_named():
+    lock = threading.Lock()
+    proc = fiberrl.Process(target=print, args=("fine", lock))
+    with pytest.raises(TypeError, match=r"argument 1 .*lock"):
+        proc.start()
+    assert proc.exitcode is None  # never started, nothing leaked
+
+
+def test_close_rules():
+    proc = fiberrl.Process(target=_sleep_forever)
+    proc.start()
+    with pytest.raises(ValueError):
+        proc.close()
+    proc.kill()
+    proc.join(10)
+    proc.close()
+    with pytest.raises(ValueError):
+        proc.is_alive()
+
+
+def test_resource_hints_are_validated():
+    with pytest.raises(ValueError, match="cpu"):
+        fiberrl.Process(target=print, cpu=-1)
+    with pytest.raises(ValueError, match="memory size"):
+        fiberrl.Process(target=print, mem="lots")
+    hinted = fiberrl.meta(cpu=2, mem="1G")(_exit_with)
+    proc = fiberrl.Process(target=hinted, args=(0,))
+    assert proc._resources == {"cpu": 2, "mem": 1 << 30}
+
+
+def test_sentinel_becomes_ready_when_the_job_ends():
+    from multiprocessing.connection import wait
+    proc = fiberrl.Process(target=_exit_with, args=(0,))
+    proc.start()
+    assert wait([proc.sentinel], timeout=60) == [proc.sentinel]
+    proc.join(5)
+    assert proc.exitcode == 0
+
+
+def test_job_logs_keep_the_tail_of_its_output():
+    proc = fiberrl.Process(target=_raise)
+    proc.start()
+    proc.join(60)
+    assert "boom in the job" in proc.job_logs()
+
+
+_SCRIPT = textwrap.dedent("""
+    import sys, time, fiberrl
+    def sleeper():
+        time.sleep(600)
+    if __name__ == "__main__":
+        procs = [fiberrl.Process(target=sleeper, daemon=True), fiberrl.Process(target=sleeper)]
+        for p in procs:
+            p.start()
+        print(" ".join(str(p.pid) for p in procs), flush=True)
+        if sys.argv[1] == "exit":
+            procs[1].terminate()   # the daemonic one is left to the exit handler
+            procs[1].join()
+        else:
+            time.sleep(600)        # killed from outside
+""")
+
+
+@pytest.mark.parametrize("how", ["exit", "sigkill"])
+def test_no_job_outlives_its_parent(tmp_path, how):
+    script = tmp_path / "parent.py"
+    script.write_text(_SCRIPT)
+    parent = subprocess.Popen([sys.executable, str(script), how], stdout=subprocess.PIPE,
+                              text=True, cwd=tmp_path)
+    pids = [int(pid) for pid in parent.stdout.readline().split()]
+    if how == "sigkill":
+        time.sleep(0.5)
+        parent.kill()
+    parent.wait(30)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        alive = [pid for pid in pids if psutil.pid_exists(pid)
+                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            break
+        time.sleep(0.1)
+    assert not alive, f"orphaned jobs {alive} survived the parent ({how})"
+
+
+def test_start_method_compatibility():
+    fiberrl.set_start_method("spawn", force=True)
+    assert fiberrl.get_context("fork").Process is fiberrl.Process
+    with pytest.raises(ValueError):
+        fiberrl.get_context("nonsense")
+    assert fiberrl.cpu_count() >= 1

@@ -1,0 +1,146 @@
+"""Queue, JoinableQueue, SimpleQueue across processes."""
+import os
+import queue as pyqueue
+import time
+
+import numpy as np
+import pytest
+
+import fiberrl
+
+
+def _produce(q, start, count):
+    for i in range(start, start + count):
+        q.put(i)
+
+
+def _consume(q, out, count):
+    got = [q.get(timeout=60) for _ in range(count)]
+    out.put(got)
+
+
+def _worker(q):
+    for item in iter(q.get, None):
+        q.task_done()
+    q.task_done()
+
+
+def _die_before_ack(q):
+    from fiberrl import transport
+    transport.HubClient.cast = lambda *args, **kwargs: os._exit(7)  # dies before the ack
+    q.get()
+
+
+def test_each_item_goes_to_exactly_one_get():
+    q, out = fiberrl.Queue(), fiberrl.Queue()
+    producers = [fiberrl.Process(target=_produce, args=(q, 1000 * k, 300)) for k in range(3)]
+    consumers = [fiberrl.Process(target=_consume, args=(q, out, 300)) for _ in range(3)]
+    for proc in producers + consumers:
+        proc.start()
+    results = [out.get(timeout=120) for _ in consumers]
+    for proc in producers + consumers:
+        proc.join(30)
+    everything = sorted(x for chunk in results for x in chunk)
+    assert everything == sorted(i for k in range(3) for i in range(1000 * k, 1000 * k + 300))
+    for chunk in results:  # order from one producer is kept
+        for k in range(3):
+            mine = [x for x in chunk if 1000 * k <= x < 1000 * (k + 1)]
+            assert mine == sorted(mine)
+
+
+def test_get_timeout_raises_empty_in_time():
+    q = fiberrl.Queue()
+    started = time.monotonic()
+    with pytest.raises(pyqueue.Empty):
+        q.get(timeout=0.2)
+    assert 0.15 < time.monotonic() - started < 2
+    with pytest.raises(pyqueue.Empty):
+        q.get_nowait()
+    with pytest.raises(ValueError):
+        q.get(timeout=-1)
+
+
+def test_maxsize_full_and_qsize():
+    q = fiberrl.Queue(maxsize=2)
+    q.put(1)
+    q.put(2)
+    assert q.full() and q.qsize() == 2
+    with pytest.raises(pyqueue.Full):
+        q.put(3, timeout=0.1)
+    with pytest.raises(pyqueue.Full):
+        q.put_nowait(3)
+    assert q.get() == 1 and q.qsize() == 1 and not q.full()
+
+
+def test_closed_queue_raises_value_error():
+    q = fiberrl.Queue()
+    q.close()
+    q.join_thread()
+    with pytest.raises(ValueError, match="is closed"):
+        q.put(1)
+    with pytest.raises(ValueError, match="is closed"):
+        q.get()
+
+
+def test_numpy_arrays_round_trip_and_are_copied_at_put():
+    q = fiberrl.Queue()
+    arr = np.arange(1_000_000, dtype=np.float64)
+    q.put(arr)
+    arr[:] = -1  # the queued item must not change
+    got = q.get(timeout=10)
+    assert got[0] == 0 and got[-1] == 999_999 and got.flags.writeable
+
+
+def test_remote_consumer_gets_large_arrays():
+    q, out = fiberrl.Queue(), fiberrl.Queue()
+    proc = fiberrl.Process(target=_consume, args=(q, out, 2))
+    proc.start()
+    q.put(np.ones((512, 512)))
+    q.put(b"x" * (1 << 20))
+    arr, blob = out.get(timeout=60)
+    proc.join(30)
+    assert arr.sum() == 512 * 512 and blob == b"x" * (1 << 20)
+
+
+def test_joinable_queue_join_waits_for_task_done():
+    q = fiberrl.JoinableQueue()
+    workers = [fiberrl.Process(target=_worker, args=(q,)) for _ in range(2)]
+    for proc in workers:
+        proc.start()
+    for i in range(20):
+        q.put(i)
+    q.join()
+    for _ in workers:
+        q.put(None)
+    for proc in workers:
+        proc.join(30)
+        assert proc.exitcode == 0
+    with pytest.raises(ValueError, match="too many"):
+        q.task_done()
+
+
+def test_simple_queue():
+    q = fiberrl.SimpleQueue()
+    assert q.empty()
+    q.put("a")
+    assert not q.empty() and q.get() == "a"
+
+
+def test_item_in_flight_to_a_consumer_that_dies_is_not_lost():
+    q = fiberrl.Queue()
+    proc = fiberrl.Process(target=_die_before_ack, args=(q,))
+    proc.start()
+    q_put_after = time.monotonic()
+    q.put("precious")
+    proc.join(60)
+    assert proc.exitcode == 7
+    assert q.get(timeout=10) == "precious"
+    assert time.monotonic() - q_put_after < 15
+
+
+def test_unpicklable_item_is_reported_and_dropped(caplog):
+    q = fiberrl.Queue()
+    q.put(lambda_free := __import__("threading").Lock())
+    q.put("after")
+    assert q.get(timeout=5) == "after"
+    assert "cannot pickle" in caplog.text and lambda_free is not None
