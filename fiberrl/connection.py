@@ -43,7 +43,6 @@ from multiprocessing import BufferTooShort
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from . import reduction, transport
 from .rendezvous import pipe_registry
@@ -282,7 +281,7 @@ class Connection:
                 slice_ms = min(slice_ms, remaining * 1000)
             events = dict(self._poller.poll(slice_ms))
             if self._monitor is not None and self._monitor in events:
-                recv_monitor_message(self._monitor)
+                transport.monitor_event(self._monitor)
                 self._suspect = True  # ask the rendezvous whether any copy is left
 
     def _next(self) -> Tuple[str, List[Any]]:

@@ -19,6 +19,9 @@ import secrets
 import threading
 from typing import Dict, List, Optional
 
+import psutil
+
+from . import transport
 from .hub import Hub, Request, get_hub
 
 logger = logging.getLogger(__name__)
@@ -41,6 +44,17 @@ class _End:
             self.order.remove(proc_id)
 
 
+def _alive_here(proc_id: str) -> bool:
+    """False only for a process id of this host whose process no longer runs."""
+    host, pid, _ = proc_id.rsplit(":", 2)
+    if host != transport.local_hostname():
+        return True
+    try:
+        return psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 class PipeRegistry:
     """The "pipe" service of one hub."""
 
@@ -60,11 +74,13 @@ class PipeRegistry:
         return ends
 
     def _purge_dead(self, end: _End) -> None:
+        """Drop copies held by processes known to be gone: jobs this process started
+        that ended, and processes of this host that no longer exist."""
         from .popen import dead_job_tokens
         tokens = {h["token"] for h in end.holders.values() if h["token"]}
         dead = dead_job_tokens(tokens) if tokens else set()
         for proc_id, holder in list(end.holders.items()):
-            if holder["token"] in dead:
+            if holder["token"] in dead or not _alive_here(proc_id):
                 end.drop(proc_id)
 
     def __call__(self, op: str, request: Request) -> None:

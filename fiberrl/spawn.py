@@ -3,7 +3,8 @@
 1. read the hub address, one-time token and secret from the environment;
 2. say hello to the parent's hub and receive the payload (authenticated);
 3. restore ``sys.path`` and the working directory, unpickle the process object;
-4. watch the parent's hub: if it is gone for ``parent_grace`` seconds, exit (no orphans);
+4. watch the parent's hub: if it is gone for ``parent_grace`` seconds, the parent
+   sentinel fires, and after ``parent_grace`` more seconds the job exits (no orphans);
 5. run the process through the stdlib's ``BaseProcess._bootstrap`` (same exit codes,
    same traceback printing), report the exit code to the hub, exit with it.
 """
@@ -17,7 +18,6 @@ import threading
 import time
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from . import log, popen, reduction, transport
 from .config import get_config
@@ -37,15 +37,18 @@ def _watch_parent(address: str, grace: float, sentinel_write: int) -> None:
     while True:
         timeout = None if lost_since is None else max(0.0, grace - (time.monotonic() - lost_since))
         if monitor.poll(None if timeout is None else timeout * 1000):
-            event = recv_monitor_message(monitor)
-            if event["event"] == zmq.EVENT_CONNECTED:
+            event = transport.monitor_event(monitor)
+            if event == zmq.EVENT_CONNECTED:
                 lost_since = None
-            elif event["event"] == zmq.EVENT_DISCONNECTED and lost_since is None:
+            elif event == zmq.EVENT_DISCONNECTED and lost_since is None:
                 lost_since = time.monotonic()
         elif lost_since is not None:
-            os.close(sentinel_write)  # parent_process().is_alive() becomes False
-            logger.error("parent process is gone (hub %s unreachable for %.1f s); exiting",
-                         address, grace)
+            # the parent is gone: parent_process().is_alive() turns False at once, and
+            # the job gets one more grace period to finish up before it exits
+            os.close(sentinel_write)
+            logger.error("parent process is gone (hub %s unreachable for %.1f s); "
+                         "exiting in %.1f s", address, grace, grace)
+            time.sleep(grace)
             logging.shutdown()
             os._exit(1)
 

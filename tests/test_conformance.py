@@ -19,7 +19,8 @@ import fiberrl
 
 cpython = pytest.importorskip("test._test_multiprocessing")
 
-pytestmark = pytest.mark.conformance
+# jobs start as fresh interpreters: test_many_processes starts 200 of them on 2 cores
+pytestmark = [pytest.mark.conformance, pytest.mark.timeout(300)]
 
 
 def _not_yet(name):

@@ -112,4 +112,5 @@ def test_arrays_are_read_only_and_caller_arrays_untouched():
     log = cpe.BanditLog(**kwargs)
     with pytest.raises(ValueError):
         log.rewards[0] = 5.0
-    kwargs["rewards"][0] = 7.0  # the caller's array stays writable
+    kwargs["rewards"][0] = np.nan  # the caller's array stays writable ...
+    assert log.rewards[0] == 1.0  # ... and changing it cannot bypass validation
