@@ -95,7 +95,19 @@ def test_chunking_does_not_change_results(trajectories):
         assert chunked[name] == serial[name]
 
 
-def test_spawn_pool_matches_serial(bandit_log, trajectories):
+@pytest.fixture(scope="module")
+def resource_tracker():
+    """Start multiprocessing's long-lived resource tracker before the test runs.
+
+    Spawn pools start it on first use and it lives as long as the interpreter; starting it
+    up front keeps it out of the per-test leaked-process check in tests/conftest.py.
+    """
+    from multiprocessing import resource_tracker as tracker
+
+    tracker.ensure_running()
+
+
+def test_spawn_pool_matches_serial(resource_tracker, bandit_log, trajectories):
     pool = multiprocessing.get_context("spawn").Pool(2)
     try:
         pooled_bandit = cpe.evaluate(bandit_log, n_bootstrap=40, seed=7, pool=pool)

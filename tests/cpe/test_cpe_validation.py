@@ -114,3 +114,9 @@ def test_arrays_are_read_only_and_caller_arrays_untouched():
         log.rewards[0] = 5.0
     kwargs["rewards"][0] = np.nan  # the caller's array stays writable ...
     assert log.rewards[0] == 1.0  # ... and changing it cannot bypass validation
+
+
+def test_large_integer_sequence_numbers_stay_exact():
+    base = 1_700_000_000_000_000_000  # nanosecond timestamps: float64 would merge them
+    traj = cpe.Trajectories(**_traj_kwargs(sequence_numbers=np.array([base, base + 1, base])))
+    np.testing.assert_array_equal(traj.episodes().lengths, [2, 1])
