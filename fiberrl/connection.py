@@ -26,8 +26,11 @@ used here does not count. A peer whose process dies is noticed through its inbox
 connection dropping; the rendezvous then confirms the job is gone, and ``recv``
 raises ``EOFError`` instead of hanging.
 
-Limitation: when several processes hold active copies of one end, senders deliver to
-the copy that became active last.
+Sending an end that is active here to another process hands it over: unread
+messages go back to the rendezvous and the arriving copy receives what is sent next.
+Limitation: a peer in a third process that is already connected to the old copy may
+deliver a message to it in the moment of the hand-over; and when several processes
+use copies of one end at once, senders deliver to the copy that became active last.
 """
 from __future__ import annotations
 
@@ -111,6 +114,8 @@ class Connection:
     def __reduce__(self):
         self._check_open()
         self._shipped = True
+        if self._pid == os.getpid():
+            self._hand_over()
         return (_rebuild, (self._pipe_id, self._end, self._registry, self._readable,
                            self._writable))
 
@@ -158,13 +163,15 @@ class Connection:
         self._disconnect()
         outbox = transport.context().socket(zmq.PUSH)
         transport.configure_peer_socket(outbox)
-        if loc["proc"] == _process_id():
+        same_process = loc["proc"] == _process_id()
+        if same_process:
             outbox.connect(loc["inproc"])  # same process: delivered at once
         else:
-            self._monitor = outbox.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self._monitor = outbox.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
             self._poller.register(self._monitor, zmq.POLLIN)
             outbox.connect(loc["tcp"])
-        self._outbox, self._peer_loc, self._suspect = outbox, loc, False
+        # until the connection is confirmed, keep asking the rendezvous about the peer
+        self._outbox, self._peer_loc, self._suspect = outbox, loc, not same_process
 
     def _lookup_peer(self) -> None:
         """Find (or re-find) the other end; decide EOF if its last holder is gone."""
@@ -281,8 +288,8 @@ class Connection:
                 slice_ms = min(slice_ms, remaining * 1000)
             events = dict(self._poller.poll(slice_ms))
             if self._monitor is not None and self._monitor in events:
-                transport.monitor_event(self._monitor)
-                self._suspect = True  # ask the rendezvous whether any copy is left
+                # connected: the peer is there; dropped: ask whether any copy is left
+                self._suspect = transport.monitor_event(self._monitor) != zmq.EVENT_CONNECTED
 
     def _next(self) -> Tuple[str, List[Any]]:
         self._wait(None)
@@ -360,7 +367,23 @@ class Connection:
             self._inbox = self._poller = None
             self._pending.clear()
 
-    def _release(self) -> None:
+    def _hand_over(self) -> None:
+        """This copy is being sent to another process: give up being the active copy
+        here (unread messages go back to the rendezvous), so the copy that arrives
+        there receives what is sent from now on. A peer end in this same process
+        is told at once; peers elsewhere notice when they next look the end up."""
+        self._release(last_sends_eof=False)
+        self._disconnect()
+        self._inbox.close()
+        _live.discard(self)
+        self._inbox = self._poller = None
+        self._pid = None
+        self._pending.clear()
+        for other in list(_live):
+            if other._pipe_id == self._pipe_id and other._end != self._end:
+                other._disconnect()
+
+    def _release(self, last_sends_eof: bool = True) -> None:
         """Hand unread messages back to the rendezvous; the last copy sends EOF."""
         while True:
             try:
@@ -374,7 +397,7 @@ class Connection:
             "pipe", "release", self._pipe_id, self._end, _process_id(),
             [kind for kind, _ in unread], [len(body) for _, body in unread],
             body=[frame for _, body in unread for frame in body], timeout=10.0)
-        if remaining == 0 and not self._eof:
+        if last_sends_eof and remaining == 0 and not self._eof:
             self._send_frames(_CLOSE, [])
 
     def _close_unused(self) -> None:

@@ -1,0 +1,110 @@
+"""Core runtime benchmarks, fiberrl side by side with stdlib multiprocessing in one run.
+
+    python bench/bench_core.py [--quick]
+
+Prints, for each measure, the stdlib figure, fiberrl's, and the ratio the issue's
+target is stated in. These are measurements, not tests: the machine is shared.
+"""
+import argparse
+import multiprocessing
+import statistics
+import time
+
+import numpy as np
+
+import fiberrl
+
+
+def echo(conn, n):
+    for _ in range(n):
+        conn.send_bytes(conn.recv_bytes())
+
+
+def produce(queue, n, payload):
+    for _ in range(n):
+        queue.put(payload)
+
+
+def noop():
+    pass
+
+
+def pipe_pingpong(lib, rounds):
+    a, b = lib.Pipe()
+    proc = lib.Process(target=echo, args=(b, rounds + 200))
+    proc.start()
+    msg = b"x" * 64
+    for _ in range(200):  # warm up (connections, caches)
+        a.send_bytes(msg)
+        a.recv_bytes()
+    samples = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        a.send_bytes(msg)
+        a.recv_bytes()
+        samples.append(time.perf_counter() - started)
+    proc.join()
+    return statistics.median(samples) * 1e6
+
+
+def queue_throughput(lib, n, payload):
+    queue = lib.Queue()
+    proc = lib.Process(target=produce, args=(queue, n, payload))
+    started = time.perf_counter()
+    proc.start()
+    queue.get()
+    first = time.perf_counter()
+    for _ in range(n - 1):
+        queue.get()
+    elapsed = time.perf_counter() - first
+    proc.join()
+    return (n - 1) / elapsed
+
+
+def start_join(lib, repeats):
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        proc = lib.Process(target=noop)
+        proc.start()
+        proc.join()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples) * 1e3
+
+
+def row(name, stdlib, ours, unit, ratio, target):
+    print(f"{name:<44} {stdlib:>11.1f} {ours:>11.1f} {unit:<6} ratio {ratio:5.2f}  ({target})")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    args = parser.parse_args()
+    scale = 0.2 if args.quick else 1.0
+    spawn = multiprocessing.get_context("spawn")
+    print(f"{'measure':<44} {'stdlib':>11} {'fiberrl':>11}")
+
+    std, ours = pipe_pingpong(spawn, int(5000 * scale)), pipe_pingpong(fiberrl, int(5000 * scale))
+    row("Pipe ping-pong p50 latency", std, ours, "us", ours / std, "target: fiberrl/stdlib <= 3")
+
+    small = b"x" * 100
+    n = int(200_000 * scale)
+    std, ours = queue_throughput(spawn, n, small), queue_throughput(fiberrl, n, small)
+    row("Queue 1->1, 100-byte messages", std / 1e3, ours / 1e3, "k/s", ours / std,
+        "target: fiberrl/stdlib >= 1")
+
+    big = np.ones(2 * 1024 * 1024, dtype=np.float64)  # 16 MiB
+    n = max(10, int(100 * scale))
+    std = queue_throughput(spawn, n, big) * 16
+    ours = queue_throughput(fiberrl, n, big) * 16
+    row("Queue 1->1, 16 MiB numpy arrays", std, ours, "MiB/s", ours / std,
+        "target: fiberrl/stdlib >= 2")
+
+    repeats = max(5, int(20 * scale))
+    std, ours = start_join(spawn, repeats), start_join(fiberrl, repeats)
+    row("Process start + join (p50)", std, ours, "ms", ours / std,
+        "target: fiberrl/stdlib-spawn <= 1")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""The ``fiberrl`` command line.
+
+Subcommands come from the ``fiberrl.commands`` entry-point group: each entry point
+names a ``register(subparsers)`` function that adds its own subcommand and sets
+``func`` on its parser (``cpe`` registers ``fiberrl cpe evaluate FILE`` this way).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import List, Optional
+
+logger = logging.getLogger(__name__)
+
+
+def _command_entry_points() -> list:
+    from importlib.metadata import entry_points
+    if sys.version_info >= (3, 10):
+        return list(entry_points(group="fiberrl.commands"))
+    return list(entry_points().get("fiberrl.commands", []))  # pragma: no cover
+
+
+def _backends(args: argparse.Namespace) -> int:
+    from .backends import available_backends
+    from .config import get_config
+    current = get_config().backend
+    for name in available_backends():
+        print(f"{'*' if name == current else ' '} {name}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser with every registered subcommand."""
+    from . import __version__
+    parser = argparse.ArgumentParser(prog="fiberrl", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"fiberrl {__version__}")
+    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    backends = sub.add_parser("backends", help="list the backends available here")
+    backends.set_defaults(func=_backends)
+    for entry in _command_entry_points():
+        try:
+            entry.load()(sub)
+        except Exception:  # a broken plugin must not break the whole command
+            logger.exception("could not load fiberrl command %r", entry.name)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of the ``fiberrl`` command."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper())
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    return int(func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

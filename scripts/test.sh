@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Run fiberrl's whole test suite, installing what it needs first.
+# Extra arguments go to pytest (e.g. bash scripts/test.sh -k queue).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh test
+# CPython's own multiprocessing conformance tests live in the interpreter's test
+# package; Debian ships it separately.
+if ! .venv/bin/python -c "import test._test_multiprocessing" 2>/dev/null; then
+    ver=$(.venv/bin/python -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+    apt-get update -qq && apt-get install -y -qq "libpython${ver}-testsuite" >/dev/null || \
+        echo "warning: CPython's test package is missing; conformance tests will be skipped" >&2
+fi
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

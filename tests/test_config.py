@@ -1,0 +1,85 @@
+"""Configuration precedence, validation, and the command line."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fiberrl import config
+from fiberrl.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    for key in list(__import__("os").environ):
+        if key.startswith("FIBERRL_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+
+
+def test_defaults():
+    cfg = config.resolve()
+    assert cfg.backend == "local" and cfg.gpu == 0 and cfg.cpu is None
+
+
+def test_precedence_init_over_env_over_file_over_defaults(tmp_path, monkeypatch):
+    (tmp_path / "fiberrl.toml").write_text('backend = "file"\ncpu = 3\nlog_level = "INFO"\n')
+    cfg = config.resolve()
+    assert (cfg.backend, cfg.cpu, cfg.log_level) == ("file", 3.0, "INFO")
+    monkeypatch.setenv("FIBERRL_BACKEND", "env")
+    monkeypatch.setenv("FIBERRL_CPU", "2.5")
+    cfg = config.resolve()
+    assert (cfg.backend, cfg.cpu, cfg.log_level) == ("env", 2.5, "INFO")
+    cfg = config.resolve(backend="arg")
+    assert (cfg.backend, cfg.cpu) == ("arg", 2.5)
+
+
+def test_config_file_from_env_var_and_fiberrl_table(tmp_path, monkeypatch):
+    path = tmp_path / "elsewhere.toml"
+    path.write_text('[fiberrl]\nmem = "2G"\nextra = {slurm_partition = "gpu"}\n')
+    monkeypatch.setenv("FIBERRL_CONFIG", str(path))
+    cfg = config.resolve()
+    assert cfg.mem == "2G" and cfg.extra == {"slurm_partition": "gpu"}
+
+
+def test_unknown_keys_list_the_valid_ones(tmp_path):
+    with pytest.raises(ConfigError, match="valid keys: backend"):
+        config.resolve(bakend="local")
+    (tmp_path / "fiberrl.toml").write_text("nonsense = 1\n")
+    with pytest.raises(ConfigError, match="nonsense"):
+        config.resolve()
+
+
+def test_bad_values_are_clear(monkeypatch):
+    monkeypatch.setenv("FIBERRL_START_TIMEOUT", "soon")
+    with pytest.raises(ConfigError, match="start_timeout"):
+        config.resolve()
+
+
+def test_children_inherit_the_resolved_config(monkeypatch):
+    parent = config.resolve(backend="local", cpu=4)
+    monkeypatch.setenv(config.INHERITED_ENV, parent.to_json())
+    monkeypatch.setenv("FIBERRL_CPU", "1")  # the parent's view wins in a job
+    assert config.resolve().cpu == 4
+
+
+def test_unknown_backend_is_named():
+    from fiberrl.backends import get_backend
+    with pytest.raises(ConfigError, match="unknown fiberrl backend 'nope'.*local"):
+        get_backend("nope")
+
+
+def test_cli_lists_backends_and_runs_cpe(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "fiberrl.cli", "backends"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "* local" in out
+    rows = [{"action": a, "reward": float(a), "logged_propensity": 0.5,
+             "target_probs": [0.0, 1.0]} for a in (0, 1) * 50]
+    path = tmp_path / "log.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    result = subprocess.run([sys.executable, "-m", "fiberrl.cli", "cpe", "evaluate", str(path),
+                             "--json", "--n-bootstrap", "20", "--seed", "0"],
+                            capture_output=True, text=True, check=True)
+    report = json.loads(result.stdout)
+    assert report["estimates"]["ips"]["value"] == pytest.approx(1.0)  # target always plays 1
+    assert report["estimates"]["ips"]["normalized"] == pytest.approx(2.0)
