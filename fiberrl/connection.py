@@ -99,6 +99,7 @@ class Connection:
         self._closed = False
         self._shipped = False
         self._pid: Optional[int] = None  # process in which this end is active
+        self._dormant_pid: Optional[int] = None  # process that handed it on, still holding it
         self._inbox: Optional[zmq.Socket] = None
         self._outbox: Optional[zmq.Socket] = None
         self._monitor: Optional[zmq.Socket] = None
@@ -114,6 +115,7 @@ class Connection:
     def __reduce__(self):
         self._check_open()
         self._shipped = True
+        transport.client_for(self._registry).cast("pipe", "ship", self._pipe_id, self._end)
         if self._pid == os.getpid():
             self._hand_over()
         return (_rebuild, (self._pipe_id, self._end, self._registry, self._readable,
@@ -124,7 +126,7 @@ class Connection:
         return f"<fiberrl.Connection pipe={self._pipe_id} end={self._end} {state}>"
 
     # -- activation ------------------------------------------------------------------
-    def _activate(self) -> None:
+    def _activate(self, arrived: bool = False) -> None:
         if self._pid == os.getpid():
             return
         ctx = transport.context()
@@ -138,7 +140,7 @@ class Connection:
         inbox.bind(loc["inproc"])
         client = transport.client_for(self._registry)
         (kinds, counts, peer), body = client.call("pipe", "register", self._pipe_id, self._end,
-                                                  loc, loc["proc"], current_job_token())
+                                                  loc, loc["proc"], current_job_token(), arrived)
         self._inbox, self._pid = inbox, os.getpid()
         self._outbox = self._monitor = self._peer_loc = None
         self._poller = zmq.Poller()
@@ -352,7 +354,7 @@ class Connection:
         if self._closed:
             return
         try:
-            if self._pid == os.getpid():
+            if self._pid == os.getpid() or self._dormant_pid == os.getpid():
                 self._release()
             elif not self._shipped:
                 self._close_unused()
@@ -363,7 +365,7 @@ class Connection:
             if self._pid == os.getpid():
                 self._disconnect()
                 self._inbox.close()
-                _live.discard(self)
+            _live.discard(self)
             self._inbox = self._poller = None
             self._pending.clear()
 
@@ -372,20 +374,23 @@ class Connection:
         here (unread messages go back to the rendezvous), so the copy that arrives
         there receives what is sent from now on. A peer end in this same process
         is told at once; peers elsewhere notice when they next look the end up."""
-        self._release(last_sends_eof=False)
+        self._release(keep=True)
         self._disconnect()
         self._inbox.close()
-        _live.discard(self)
         self._inbox = self._poller = None
-        self._pid = None
+        self._pid, self._dormant_pid = None, os.getpid()
         self._pending.clear()
         for other in list(_live):
-            if other._pipe_id == self._pipe_id and other._end != self._end:
+            if (other._pipe_id == self._pipe_id and other._end != self._end
+                    and other._pid == os.getpid()):
                 other._disconnect()
 
-    def _release(self, last_sends_eof: bool = True) -> None:
-        """Hand unread messages back to the rendezvous; the last copy sends EOF."""
-        while True:
+    def _release(self, keep: bool = False) -> None:
+        """Hand unread messages back to the rendezvous; the last copy sends EOF.
+
+        With ``keep`` this process still holds the end (it was handed on): no EOF.
+        """
+        while self._pid == os.getpid():
             try:
                 got = transport.recv(self._inbox, flags=zmq.NOBLOCK)
             except zmq.Again:
@@ -396,9 +401,12 @@ class Connection:
         (remaining,), _ = transport.client_for(self._registry).call(
             "pipe", "release", self._pipe_id, self._end, _process_id(),
             [kind for kind, _ in unread], [len(body) for _, body in unread],
-            body=[frame for _, body in unread for frame in body], timeout=10.0)
-        if last_sends_eof and remaining == 0 and not self._eof:
-            self._send_frames(_CLOSE, [])
+            keep, body=[frame for _, body in unread for frame in body], timeout=10.0)
+        if not keep and remaining == 0 and not self._eof:
+            if self._pid == os.getpid():
+                self._send_frames(_CLOSE, [])
+            else:
+                self._close_unused()
 
     def _close_unused(self) -> None:
         """Closing a copy never used nor sent anywhere: the peer gets EOF."""
@@ -429,5 +437,5 @@ class Connection:
 
 def _rebuild(pipe_id: str, end: int, registry: str, readable: bool, writable: bool) -> Connection:
     conn = Connection(pipe_id, end, registry, readable, writable)
-    conn._activate()
+    conn._activate(arrived=True)
     return conn

@@ -2,15 +2,18 @@
 
 Lives in the hub of the process that called ``Pipe()``. For each end it keeps:
 
-* ``holders``: the copies of the end that are *active* (bound an inbox) in some
-  process, by process id, each with its inbox addresses and job token;
+* ``holders``: the processes holding a copy of the end, by process id, each with
+  its inbox addresses (None for a copy that was handed on to another process but
+  is still held, as a duplicated file descriptor would be) and its job token;
 * ``mail``: messages sent to the end while no copy was active, and messages a copy
   had not read when it closed (handed back so the next copy reads them, in order).
 
 A sender asks ``mail``: the hub stores the message, or answers with the address of
 the active copy so the sender connects there directly. A closing copy calls
 ``release``: the answer says how many copies stay active, so only the last one
-tells the peer "EOF". Copies held by jobs that died are dropped on ``lookup``.
+tells the peer "EOF". A copy being sent to another process (``ship``, counted until
+it arrives and registers) also counts. Copies held by jobs that died are dropped on
+``lookup``.
 """
 from __future__ import annotations
 
@@ -28,15 +31,24 @@ logger = logging.getLogger(__name__)
 
 
 class _End:
-    __slots__ = ("holders", "order", "mail")
+    __slots__ = ("holders", "order", "mail", "in_transit")
 
     def __init__(self) -> None:
         self.holders: Dict[str, dict] = {}   # proc_id -> {"loc": ..., "token": ...}
         self.order: List[str] = []           # proc_ids, most recent last
         self.mail: List[tuple] = []          # (kind, [frames])
+        self.in_transit = 0                  # copies pickled, not yet unpickled
+
+    def copies(self) -> int:
+        """Copies that still count for end-of-file: active ones and ones in transit."""
+        return len(self.holders) + max(self.in_transit, 0)
 
     def location(self) -> Optional[dict]:
-        return self.holders[self.order[-1]]["loc"] if self.order else None
+        for proc_id in reversed(self.order):
+            loc = self.holders[proc_id]["loc"]
+            if loc is not None:
+                return loc
+        return None
 
     def drop(self, proc_id: str) -> None:
         self.holders.pop(proc_id, None)
@@ -88,7 +100,9 @@ class PipeRegistry:
         ends = self._ends(pipe_id)
         end, peer = ends[index], ends[1 - index]
         if op == "register":
-            loc, proc_id, token = request.args[2], request.args[3], request.args[4]
+            loc, proc_id, token, arrived = request.args[2:6]
+            if arrived:
+                end.in_transit -= 1
             end.drop(proc_id)
             end.holders[proc_id] = {"loc": loc, "token": token}
             end.order.append(proc_id)
@@ -104,16 +118,21 @@ class PipeRegistry:
                 request.reply("stored", None)
         elif op == "lookup":
             self._purge_dead(end)
-            request.reply(end.location(), len(end.holders))
+            request.reply(end.location(), end.copies())
+        elif op == "ship":
+            end.in_transit += 1
         elif op == "release":
-            proc_id, kinds, counts = request.args[2], request.args[3], request.args[4]
-            end.drop(proc_id)
+            proc_id, kinds, counts, keep = request.args[2:6]
+            if keep and proc_id in end.holders:
+                end.holders[proc_id]["loc"] = None  # still held here, no longer read here
+            else:
+                end.drop(proc_id)
             returned, position = [], 0
             for kind, count in zip(kinds, counts):
                 returned.append((kind, list(request.body[position:position + count])))
                 position += count
             end.mail[:0] = returned
-            request.reply(len(end.holders))
+            request.reply(end.copies())
         elif op == "forget":
             self.pipes.pop(pipe_id, None)
         else:

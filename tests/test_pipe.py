@@ -118,3 +118,27 @@ def test_poll_timeouts():
     assert 0.15 < time.monotonic() - started < 2
     b.send(1)
     assert a.poll() is True and a.recv() == 1
+
+
+def _use_then_pass_on(conn, out):
+    conn.send("from the child")
+    grandchild = fiberrl.Process(target=_count_to, args=(conn, 3))
+    grandchild.start()
+    grandchild.join(30)
+    out.send("child done")
+
+
+def test_eof_only_after_every_copy_is_closed():
+    reader, writer = fiberrl.Pipe(duplex=False)
+    done_r, done_w = fiberrl.Pipe(duplex=False)
+    writer.send("from the parent")  # used here, then handed on: still held here
+    proc = fiberrl.Process(target=_use_then_pass_on, args=(writer, done_w))
+    proc.start()
+    assert done_r.recv() == "child done"
+    proc.join(30)
+    got = [reader.recv() for _ in range(5)]
+    assert got == ["from the parent", "from the child", 0, 1, 2]
+    assert not reader.poll(0.3)  # the parent's copy still counts: no EOF yet
+    writer.close()
+    with pytest.raises(EOFError):
+        reader.recv()
