@@ -33,6 +33,13 @@ def _watch_parent(address: str, grace: float, sentinel_write: int) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
     sock.connect(address)
+    try:
+        _watch_loop(monitor, address, grace, sentinel_write)
+    except zmq.ZMQError:
+        pass  # the job is ending: its sockets were closed under this thread
+
+
+def _watch_loop(monitor, address: str, grace: float, sentinel_write: int) -> None:
     lost_since = None
     while True:
         timeout = None if lost_since is None else max(0.0, grace - (time.monotonic() - lost_since))
@@ -84,8 +91,13 @@ def main() -> int:
         client.cast("spawn", "exit", token, exitcode)
     except zmq.ZMQError:
         pass
-    from . import connection
+    from . import connection, hub
     connection.close_all()
+    running_hub = hub.current_hub()
+    if running_hub is not None:
+        running_hub.stop()
+        running_hub.thread.join(2.0)
+    transport.flush_and_close()
     if inherited_sentinel is not None:
         try:
             os.close(int(inherited_sentinel))

@@ -85,13 +85,23 @@ def send(sock: zmq.Socket, header: tuple, body: Sequence[Any] = (),
          identity: Optional[bytes] = None, flags: int = 0) -> None:
     """Sign and send one message; ``identity`` prefixes it for ROUTER sockets."""
     head = pickle.dumps(header, protocol=5)
-    # copy views of caller-owned memory: ZeroMQ sends asynchronously, and the caller
-    # may change an array as soon as send() returns (bytes are immutable: no copy)
-    body = [f if isinstance(f, (bytes, zmq.Frame)) else bytes(f) for f in body]
     frames: List[Any] = [_mac(head, body), head, *body]
     if identity is not None:
         frames.insert(0, identity)
-    sock.send_multipart(frames, flags=flags, copy=False)
+    # copy=True: ZeroMQ takes its own copy of every frame before send() returns, so
+    # the caller may change an array at once, and a job that exits right after a
+    # send leaves no queued message pointing into freed memory
+    sock.send_multipart(frames, flags=flags, copy=True)
+
+
+def flush_and_close(linger: float = 5.0) -> None:
+    """Deliver what this process still has queued (up to ``linger`` s), then close
+    every socket. Called when a job ends, after its children were joined."""
+    global _context
+    with _state_lock:
+        ctx, _context = _context, None
+    if ctx is not None and _context_pid == os.getpid():
+        ctx.destroy(linger=int(linger * 1000))
 
 
 def verify(frames: List[Any]) -> Optional[Tuple[tuple, List[memoryview]]]:
