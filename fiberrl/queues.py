@@ -188,6 +188,14 @@ class _QueueService:
                 if timeout is not None:
                     self.hub.call_later(timeout, lambda: self._expire_put(broker, request))
 
+    def op_put_many(self, broker: _Broker, request: Request) -> None:
+        counts, position = request.args[1], 0
+        with broker.lock:
+            for count in counts:
+                broker.add(list(request.body[position:position + count]))
+                position += count
+        request.reply()
+
     def _expire_put(self, broker: _Broker, request: Request) -> None:
         with broker.lock:
             request.fail(_queue.Full())
@@ -253,6 +261,73 @@ def _owning_broker(qid: str, hub_address: str) -> Optional[_Broker]:
     return service.brokers.get(qid)
 
 
+class _Feeder:
+    """Background thread that sends a remote process's puts in batches.
+
+    ``put`` only appends the pickled item and returns, as with the stdlib's feeder
+    thread; the feeder sends everything that piled up in one message and waits for
+    the broker's acknowledgement, so batches grow with load and other operations of
+    this process (``get``, ``qsize``, ``join``...) can wait for earlier puts first.
+    """
+
+    def __init__(self, client: transport.HubClient, qid: str) -> None:
+        self.client, self.qid, self.pid = client, qid, os.getpid()
+        self.cancelled = False
+        self._pending: List[List[Any]] = []
+        self._cond = threading.Condition()
+        self._busy = False
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="fiberrl-queue-feeder", daemon=True)
+        self._thread.start()
+
+    def put(self, frames: List[Any]) -> None:
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+            self._pending.append([f if isinstance(f, bytes) else bytes(f) for f in frames])
+            self._cond.notify()
+
+    def flush(self, timeout: Optional[float] = None) -> bool:
+        """Wait until every put so far was acknowledged by the broker."""
+        with self._cond:
+            done = self._cond.wait_for(lambda: not self._pending and not self._busy
+                                       or self._error is not None, timeout)
+            if self._error is not None:
+                raise self._error
+            return done
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending)
+                batch, self._pending, self._busy = self._pending, [], True
+            try:
+                self.client.call("queue", "put_many", self.qid, [len(f) for f in batch],
+                                 body=[frame for frames in batch for frame in frames])
+            except BaseException as exc:  # the owner is gone: report it on the next call
+                logger.error("could not deliver %d queued item(s): %s", len(batch), exc)
+                with self._cond:
+                    self._error, self._busy = exc, False
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+
+_feeders: "weakref.WeakSet[_Feeder]" = weakref.WeakSet()
+
+
+def flush_all(timeout: float = 30.0) -> None:
+    """At job exit: wait for every feeder of this process (unless cancelled)."""
+    for feeder in list(_feeders):
+        if feeder.pid == os.getpid() and not feeder.cancelled:
+            try:
+                feeder.flush(timeout)
+            except BaseException as exc:
+                logger.warning("queue items lost at exit: %s", exc)
+
+
 class Queue:
     """A FIFO queue usable from every process of a run (``multiprocessing.Queue`` API)."""
 
@@ -275,6 +350,21 @@ class Queue:
         self._closed = False
         self._cancelled = False
         self._client = None if self._broker() else transport.client_for(self._hub_address)
+        self._feeder_obj: Optional[_Feeder] = None
+        self._feeder_lock = threading.Lock()
+
+    def _feeder(self) -> "_Feeder":
+        with self._feeder_lock:
+            if self._feeder_obj is None or self._feeder_obj.pid != os.getpid():
+                self._feeder_obj = _Feeder(self._client, self._qid)
+                _feeders.add(self._feeder_obj)
+            return self._feeder_obj
+
+    def _flush(self) -> None:
+        """Wait until this process's earlier puts reached the broker (keeps order)."""
+        feeder = self._feeder_obj
+        if feeder is not None and feeder.pid == os.getpid():
+            feeder.flush()
 
     def _broker(self) -> Optional[_Broker]:
         broker = getattr(self, "_broker_ref", None)
@@ -310,7 +400,7 @@ class Queue:
         if broker is not None:
             self._put_local(broker, frames, block, timeout)
         elif self._maxsize == 0:
-            self._client.cast("queue", "put", self._qid, block, timeout, body=frames)
+            self._feeder().put(frames)
         else:
             wait = None if timeout is None else timeout + 5.0
             self._client.call("queue", "put", self._qid, block, timeout, body=frames,
@@ -350,6 +440,7 @@ class Queue:
         if broker is not None:
             return reduction.loads(self._get_local(broker, block, timeout))
         from .popen import current_job_token
+        self._flush()
         wait = None if (timeout is None or not block) else timeout + 10.0
         (flight,), body = self._client.call("queue", "get", self._qid, block, timeout,
                                             current_job_token(), timeout=wait if block else 10.0)
@@ -383,6 +474,7 @@ class Queue:
         if broker is not None:
             with broker.lock:
                 return len(broker.items), broker.full()
+        self._flush()
         values, _ = self._client.call("queue", "size", self._qid, timeout=30.0)
         return tuple(values)
 
@@ -404,13 +496,16 @@ class Queue:
         self._closed = True
 
     def join_thread(self) -> None:
-        """Wait until this process's puts have left (call after :meth:`close`)."""
+        """Wait until this process's puts have reached the queue (call after :meth:`close`)."""
         if not self._closed:
             raise ValueError("join_thread() requires the queue to be closed first")
+        self._flush()
 
     def cancel_join_thread(self) -> None:
-        """Do not wait for unsent puts at exit (kept for API compatibility: puts leave at once)."""
+        """Do not wait for unsent puts when this process exits (they may be lost)."""
         self._cancelled = True
+        if self._feeder_obj is not None:
+            self._feeder_obj.cancelled = True
 
 
 class JoinableQueue(Queue):
@@ -426,6 +521,7 @@ class JoinableQueue(Queue):
             with broker.lock:
                 broker.task_done()
         else:
+            self._flush()
             self._client.call("queue", "task_done", self._qid, timeout=30.0)
 
     def join(self) -> None:
@@ -436,6 +532,7 @@ class JoinableQueue(Queue):
                 while broker.unfinished:
                     broker.all_done.wait(1.0)
         else:
+            self._flush()
             self._client.call("queue", "join", self._qid)
 
 

@@ -91,7 +91,8 @@ def main() -> int:
         client.cast("spawn", "exit", token, exitcode)
     except zmq.ZMQError:
         pass
-    from . import connection, hub
+    from . import connection, hub, queues
+    queues.flush_all()
     connection.close_all()
     running_hub = hub.current_hub()
     if running_hub is not None:

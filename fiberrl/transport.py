@@ -88,10 +88,12 @@ def send(sock: zmq.Socket, header: tuple, body: Sequence[Any] = (),
     frames: List[Any] = [_mac(head, body), head, *body]
     if identity is not None:
         frames.insert(0, identity)
-    # copy=True: ZeroMQ takes its own copy of every frame before send() returns, so
-    # the caller may change an array at once, and a job that exits right after a
-    # send leaves no queued message pointing into freed memory
-    sock.send_multipart(frames, flags=flags, copy=True)
+    # Views of caller-owned memory (numpy data) are copied by ZeroMQ before send()
+    # returns, so the caller may change an array at once. Immutable bytes go without
+    # a copy; jobs flush their sockets before they exit (flush_and_close), so no queued
+    # message outlives the memory it points into.
+    zero_copy = all(isinstance(f, bytes) for f in body)
+    sock.send_multipart(frames, flags=flags, copy=not zero_copy)
 
 
 def flush_and_close(linger: float = 5.0) -> None:

@@ -144,3 +144,30 @@ def test_unpicklable_item_is_reported_and_dropped(caplog):
     q.put("after")
     assert q.get(timeout=5) == "after"
     assert "cannot pickle" in caplog.text and lambda_free is not None
+
+
+def _put_then_join(q, n):
+    for i in range(n):
+        q.put(i)
+    q.join()  # must not overtake this process's own batched puts
+
+
+def test_batched_puts_are_all_delivered_before_the_job_exits():
+    q = fiberrl.Queue()
+    proc = fiberrl.Process(target=_produce, args=(q, 0, 5000))
+    proc.start()
+    proc.join(60)  # the producer is gone before anything is read
+    assert proc.exitcode == 0
+    assert [q.get(timeout=10) for _ in range(5000)] == list(range(5000))
+
+
+def test_remote_join_waits_for_its_own_earlier_puts():
+    q = fiberrl.JoinableQueue()
+    proc = fiberrl.Process(target=_put_then_join, args=(q, 50))
+    proc.start()
+    got = [q.get(timeout=30) for _ in range(50)]
+    assert proc.is_alive()  # still waiting in join()
+    for _ in got:
+        q.task_done()
+    proc.join(30)
+    assert proc.exitcode == 0 and got == list(range(50))
