@@ -168,7 +168,24 @@ def _common(
     return acts, rew, props, probs, est
 
 
-class BanditLog:
+class _LoggedRows:
+    """What bandit logs and trajectories share: one row per logged decision."""
+
+    actions: np.ndarray
+    target_probs: np.ndarray
+
+    @property
+    def n(self) -> int:
+        """Number of logged rows (decisions)."""
+        return int(self.actions.shape[0])
+
+    @property
+    def n_actions(self) -> int:
+        """Number of actions K."""
+        return int(self.target_probs.shape[1])
+
+
+class BanditLog(_LoggedRows):
     """Logged contextual-bandit decisions, one independent decision per row.
 
     Args:
@@ -196,16 +213,6 @@ class BanditLog:
         self.logged_propensities = _readonly(props)
         self.target_probs = _readonly(probs)
         self.reward_estimates = None if est is None else _readonly(est)
-
-    @property
-    def n(self) -> int:
-        """Number of logged decisions."""
-        return int(self.actions.shape[0])
-
-    @property
-    def n_actions(self) -> int:
-        """Number of actions K."""
-        return int(self.target_probs.shape[1])
 
     @property
     def has_model(self) -> bool:
@@ -251,7 +258,7 @@ def _as_mdp_ids(values: Any, n: int) -> np.ndarray:
     return array
 
 
-class Trajectories:
+class Trajectories(_LoggedRows):
     """Logged episodes, one row per step, rows in any order.
 
     Rows are grouped by ``mdp_ids`` and ordered within an episode by
@@ -305,16 +312,6 @@ class Trajectories:
         self.q_estimates = None if est is None else _readonly(est)
         self.gamma = gamma_value
         self._episodes: EpisodeData | None = None
-
-    @property
-    def n(self) -> int:
-        """Number of logged steps (rows)."""
-        return int(self.actions.shape[0])
-
-    @property
-    def n_actions(self) -> int:
-        """Number of actions K."""
-        return int(self.target_probs.shape[1])
 
     @property
     def has_model(self) -> bool:
