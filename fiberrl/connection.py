@@ -35,15 +35,13 @@ use copies of one end at once, senders deliver to the copy that became active la
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
 import os
 import secrets
-import threading
 import time
 import weakref
 from multiprocessing import BufferTooShort
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, List, Optional, Tuple
 
 import zmq
 

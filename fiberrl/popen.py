@@ -25,7 +25,7 @@ import weakref
 from multiprocessing import context as _mp_context
 from multiprocessing import util as _mp_util
 from multiprocessing.connection import wait as _wait_fds
-from typing import Any, Dict, Optional
+from typing import Dict, Optional
 
 from . import reduction, transport
 from .backends import JobSpec, JobState, default_backend
