@@ -80,6 +80,7 @@ class Hub:
         self._timers: list = []
         self._timer_ids = itertools.count()
         self._services: Dict[str, Service] = {}
+        self.service_objects: Dict[str, Any] = {}  # see service()
         self._stopping = False
         self.pid = os.getpid()
         self.thread = threading.Thread(target=self._run, name="fiberrl-hub", daemon=True)
@@ -175,6 +176,23 @@ def get_hub() -> Hub:
             from .backends import default_backend
             _hub = Hub(default_backend().listen_host())
         return _hub
+
+
+def service(name: str, factory: Callable[[Hub], Any]) -> Any:
+    """The object serving ``name`` on this process's hub, made by ``factory(hub)``
+    the first time (the hub is started if needed)."""
+    hub = get_hub()
+    with _hub_lock:
+        obj = hub.service_objects.get(name)
+        if obj is None:
+            obj = hub.service_objects[name] = factory(hub)
+        return obj
+
+
+def existing_service(name: str) -> Any:
+    """The object serving ``name`` on this process's hub, or None (starts nothing)."""
+    hub = current_hub()
+    return None if hub is None else hub.service_objects.get(name)
 
 
 def current_hub() -> Optional[Hub]:

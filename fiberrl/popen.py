@@ -30,7 +30,7 @@ from typing import Dict, Optional
 from . import reduction, transport
 from .backends import JobSpec, JobState, default_backend
 from .config import INHERITED_ENV, get_config
-from .hub import Hub, Request, get_hub
+from .hub import Hub, Request, existing_service, service
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def current_job_token() -> Optional[str]:
 
 def dead_job_tokens(tokens) -> set:
     """Those of ``tokens`` whose jobs this process started and which have ended."""
-    service = _service
+    service = existing_service("spawn")
     if service is None:
         return set()
     dead = set()
@@ -90,17 +90,8 @@ class _SpawnService:
             request.fail(ValueError(f"unknown spawn op {op!r}"))
 
 
-_service_lock = threading.Lock()
-_service: Optional[_SpawnService] = None
-
-
 def _spawn_service() -> _SpawnService:
-    global _service
-    hub = get_hub()
-    with _service_lock:
-        if _service is None or _service.hub is not hub:
-            _service = _SpawnService(hub)
-        return _service
+    return service("spawn", _SpawnService)
 
 
 def _pickle_process(process_obj) -> list:

@@ -33,7 +33,7 @@ import weakref
 from typing import Any, Deque, Dict, List, Optional
 
 from . import reduction, transport
-from .hub import Hub, Request, get_hub
+from .hub import Hub, Request, existing_service, service
 
 logger = logging.getLogger(__name__)
 
@@ -240,25 +240,16 @@ class _QueueService:
                 broker.joiners.append(request)
 
 
-_service_lock = threading.Lock()
-_service: Optional[_QueueService] = None
-
-
 def _queue_service() -> _QueueService:
-    global _service
-    hub = get_hub()
-    with _service_lock:
-        if _service is None or _service.hub is not hub:
-            _service = _QueueService(hub)
-        return _service
+    return service("queue", _QueueService)
 
 
 def _owning_broker(qid: str, hub_address: str) -> Optional[_Broker]:
     """The broker itself when this process owns the queue, else None."""
-    service = _service
-    if service is None or service.hub.pid != os.getpid() or service.hub.address != hub_address:
+    queue_service = existing_service("queue")
+    if queue_service is None or queue_service.hub.address != hub_address:
         return None
-    return service.brokers.get(qid)
+    return queue_service.brokers.get(qid)
 
 
 class _Feeder:

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
 from typing import Dict, List, Optional
 
 import psutil
 
 from . import transport
-from .hub import Hub, Request, get_hub
+from .hub import Hub, Request, service
 
 logger = logging.getLogger(__name__)
 
@@ -139,15 +138,6 @@ class PipeRegistry:
             request.fail(ValueError(f"unknown pipe op {op!r}"))
 
 
-_lock = threading.Lock()
-_registry: Optional[PipeRegistry] = None
-
-
 def pipe_registry() -> PipeRegistry:
     """This process's pipe registry (starts the hub if needed)."""
-    global _registry
-    hub = get_hub()
-    with _lock:
-        if _registry is None or _registry.hub is not hub:
-            _registry = PipeRegistry(hub)
-        return _registry
+    return service("pipe", PipeRegistry)

@@ -36,7 +36,7 @@ def _watch_parent(address: str, grace: float, sentinel_write: int) -> None:
     try:
         _watch_loop(monitor, address, grace, sentinel_write)
     except zmq.ZMQError:
-        pass  # the job is ending: its sockets were closed under this thread
+        return  # the job is ending: its sockets were closed under this thread
 
 
 def _watch_loop(monitor, address: str, grace: float, sentinel_write: int) -> None:
