@@ -40,18 +40,6 @@ class FiberrlMixin(cpython.BaseMixin):
     Pipe = staticmethod(fiberrl.Pipe)
     Queue = staticmethod(fiberrl.Queue)
     JoinableQueue = staticmethod(fiberrl.JoinableQueue)
-    Lock = _not_yet("Lock")
-    RLock = _not_yet("RLock")
-    Semaphore = _not_yet("Semaphore")
-    BoundedSemaphore = _not_yet("BoundedSemaphore")
-    Condition = _not_yet("Condition")
-    Event = _not_yet("Event")
-    Barrier = _not_yet("Barrier")
-    Value = _not_yet("Value")
-    Array = _not_yet("Array")
-    RawValue = _not_yet("RawValue")
-    RawArray = _not_yet("RawArray")
-    Pool = _not_yet("Pool")
 
     @classmethod
     def setUpClass(cls):
@@ -72,6 +60,12 @@ def _skipped(reason):
     def test(self):
         pass
     return test
+
+
+# objects of later issues: a test that asks for one is skipped with the reason
+for _name in ("Lock", "RLock", "Semaphore", "BoundedSemaphore", "Condition", "Event", "Barrier",
+              "Value", "Array", "RawValue", "RawArray", "Pool"):
+    setattr(FiberrlMixin, _name, _not_yet(_name))
 
 
 def _bind(base):
