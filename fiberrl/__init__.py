@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from .context import FiberContext, default_context
-from .errors import (AuthenticationError, BufferTooShort, JobFailedError, ProcessError,
-                     TimeoutError)
+from .errors import (AuthenticationError, BufferTooShort, JobFailedError, PoolTerminatedError,
+                     ProcessError, TaskDeserializationError, TaskRetryError, TimeoutError)
 
 __version__ = "0.1.0"
 

@@ -22,6 +22,9 @@ class FiberContext:
     BufferTooShort = errors.BufferTooShort
     TimeoutError = errors.TimeoutError
     AuthenticationError = errors.AuthenticationError
+    TaskRetryError = errors.TaskRetryError
+    TaskDeserializationError = errors.TaskDeserializationError
+    PoolTerminatedError = errors.PoolTerminatedError
 
     def __init__(self, start_method: str = "spawn") -> None:
         self._start_method = start_method
@@ -51,6 +54,12 @@ class FiberContext:
         """An unbounded queue with ``put``, ``get``, ``empty`` and ``close``."""
         from .queues import SimpleQueue
         return SimpleQueue()
+
+    def Pool(self, processes: Optional[int] = None, initializer: Any = None, initargs: tuple = (),
+             maxtasksperchild: Optional[int] = None, **options: Any):
+        """A pool of job-backed workers (see :class:`fiberrl.pool.Pool`)."""
+        from .pool import Pool
+        return Pool(processes, initializer, initargs, maxtasksperchild, context=self, **options)
 
     # -- process helpers ---------------------------------------------------------
     @staticmethod

@@ -6,12 +6,14 @@ carry what the cluster said about a job (exit code, signal, reason, log tail).
 """
 from __future__ import annotations
 
+import pickle
 from multiprocessing import (AuthenticationError, BufferTooShort, ProcessError,
                              TimeoutError)
 from typing import Optional
 
 __all__ = ["ProcessError", "BufferTooShort", "TimeoutError", "AuthenticationError",
-           "ConfigError", "BackendError", "JobFailedError", "RemoteError"]
+           "ConfigError", "BackendError", "JobFailedError", "RemoteError", "TaskRetryError",
+           "TaskDeserializationError", "PoolTerminatedError"]
 
 
 class ConfigError(ValueError):
@@ -53,3 +55,38 @@ class RemoteError(Exception):
         super().__init__(f"{type_name}: {message}\n\nRemote traceback:\n{traceback_text}")
         self.type_name = type_name
         self.traceback_text = traceback_text
+
+
+class TaskRetryError(JobFailedError):
+    """A pool task whose workers died ``max_task_retries`` times while running it.
+
+    ``task`` names the task; ``deaths`` says how each of those workers ended.
+    """
+
+    def __init__(self, task: str, deaths: "list[str]") -> None:
+        how = "; ".join(deaths)
+        super().__init__(f"{task} was running on {len(deaths)} workers that died ({how}); "
+                         "not retrying it again")
+        self.task = task
+        self.deaths = list(deaths)
+
+    def __reduce__(self):
+        return type(self), (self.task, self.deaths)
+
+
+class TaskDeserializationError(pickle.UnpicklingError):
+    """A pool task's function or arguments could not be unpickled in the worker."""
+
+    def __init__(self, message: str, traceback_text: str = "") -> None:
+        super().__init__(message, traceback_text)
+        self.message = message
+        self.traceback_text = traceback_text
+
+    def __str__(self) -> str:
+        if not self.traceback_text:
+            return self.message
+        return f"{self.message}\n\nWorker traceback:\n{self.traceback_text}"
+
+
+class PoolTerminatedError(ProcessError):
+    """The pool was terminated before this result was ready."""

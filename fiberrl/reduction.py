@@ -14,12 +14,15 @@ code execution (see :mod:`fiberrl.transport`).
 """
 from __future__ import annotations
 
+import io
 import pickle
+import types
 from typing import Any, List, Sequence, Union
 
 import cloudpickle
 
-__all__ = ["dumps", "loads", "Frames", "OUT_OF_BAND_MIN_BYTES", "describe_unpicklable"]
+__all__ = ["dumps", "dumps_data", "loads", "Frames", "OUT_OF_BAND_MIN_BYTES",
+           "describe_unpicklable"]
 
 Frames = List[Union[bytes, memoryview, pickle.PickleBuffer]]
 
@@ -63,6 +66,44 @@ def dumps(obj: Any) -> Frames:
         stream = pickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
     else:
         stream = cloudpickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
+    return [stream, *buffers]
+
+
+class _DataPickler(cloudpickle.Pickler):
+    """cloudpickle for data: classes from ``__main__`` travel by value, functions do not."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, types.FunctionType) and (
+                obj.__module__ in ("__main__", "__mp_main__", None) or "<" in obj.__qualname__):
+            raise pickle.PicklingError(
+                f"function {obj.__qualname__!r} cannot be sent back by value: results carry "
+                "data; return a function importable by name, or data describing it")
+        return super().reducer_override(obj)
+
+
+def dumps_data(obj: Any) -> Frames:
+    """Like :func:`dumps` for results: functions must be importable by name.
+
+    The stdlib cannot return a lambda from a pool task, and CPython's own tests
+    insist; results are data, so fiberrl keeps that rule while still accepting
+    instances of classes defined in ``__main__``.
+    """
+    buffers: Frames = []
+
+    def keep_out_of_band(buf: pickle.PickleBuffer) -> bool:
+        view = buf.raw()
+        if view.nbytes < OUT_OF_BAND_MIN_BYTES:
+            return True
+        buffers.append(view)
+        return False
+
+    try:
+        stream = pickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        buffers.clear()
+        sink = io.BytesIO()
+        _DataPickler(sink, protocol=5, buffer_callback=keep_out_of_band).dump(obj)
+        stream = sink.getvalue()
     return [stream, *buffers]
 
 

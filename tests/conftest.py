@@ -27,4 +27,11 @@ def no_leaked_processes():
             proc.kill()
         except psutil.Error:
             pass
-    pytest.fail(f"test leaked processes: {[p.cmdline() for p in leaked.values()]}")
+    pytest.fail(f"test leaked processes: {[_describe(p) for p in leaked.values()]}")
+
+
+def _describe(proc):
+    try:
+        return proc.cmdline()
+    except psutil.Error as exc:
+        return f"pid {proc.pid} ({type(exc).__name__})"

@@ -16,6 +16,7 @@ import unittest
 import pytest
 
 import fiberrl
+import fiberrl.pool
 
 cpython = pytest.importorskip("test._test_multiprocessing")
 
@@ -40,6 +41,7 @@ class FiberrlMixin(cpython.BaseMixin):
     Pipe = staticmethod(fiberrl.Pipe)
     Queue = staticmethod(fiberrl.Queue)
     JoinableQueue = staticmethod(fiberrl.JoinableQueue)
+    Pool = staticmethod(fiberrl.Pool)
 
     @classmethod
     def setUpClass(cls):
@@ -64,15 +66,41 @@ def _skipped(reason):
 
 # objects of later issues: a test that asks for one is skipped with the reason
 for _name in ("Lock", "RLock", "Semaphore", "BoundedSemaphore", "Condition", "Event", "Barrier",
-              "Value", "Array", "RawValue", "RawArray", "Pool"):
+              "Value", "Array", "RawValue", "RawArray"):
     setattr(FiberrlMixin, _name, _not_yet(_name))
 
 
-def _bind(base):
+class _StdlibPoolIsFiberrl:
+    """For test classes that call ``multiprocessing.Pool(...)`` directly rather than
+    ``self.Pool``: while the class runs, that name is fiberrl's pool."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls._stdlib_pool = multiprocessing.Pool
+        multiprocessing.Pool = fiberrl.Pool
+        super().setUpClass()
+
+    @classmethod
+    def tearDownClass(cls):
+        super().tearDownClass()
+        multiprocessing.Pool = cls._stdlib_pool
+
+
+class _ClassPoolStarted:
+    """For test classes that share one pool: its workers are started before the
+    first test's leak check takes its snapshot."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.pool._pool  # waits until the supervisor has started the workers
+
+
+def _bind(base, *extra_bases):
     name = "WithFiberrl" + base.__name__[len("_Test"):]  # must match the global's name
     overrides = {attr: _skipped(reason) for attr, reason in UNSUPPORTED.items()
                  if hasattr(base, attr)}
-    cls = type(name, (base, FiberrlMixin, unittest.TestCase),
+    cls = type(name, (*extra_bases, base, FiberrlMixin, unittest.TestCase),
                {"__module__": __name__, **overrides})
     cls.__qualname__ = name
     return cls
@@ -83,6 +111,9 @@ WithFiberrlSubclassingProcess = _bind(cpython._TestSubclassingProcess)
 WithFiberrlQueue = _bind(cpython._TestQueue)
 WithFiberrlConnection = _bind(cpython._TestConnection)
 WithFiberrlPoll = _bind(cpython._TestPoll)
+WithFiberrlPool = _bind(cpython._TestPool, _ClassPoolStarted)
+WithFiberrlPoolWorkerErrors = _bind(cpython._TestPoolWorkerErrors, _StdlibPoolIsFiberrl)
+WithFiberrlPoolWorkerLifetime = _bind(cpython._TestPoolWorkerLifetime, _StdlibPoolIsFiberrl)
 
 
 def _report_job_name(queue):
@@ -103,3 +134,25 @@ def test_mixin_really_uses_fiberrl():
     proc.join(10)
     assert job_name == "proof" and pid == proc.pid
     assert proc.job_id.startswith("local-")
+
+
+def _pool_worker_job():
+    return os.environ.get("FIBERRL_JOB_NAME")
+
+
+def test_pool_tests_really_use_fiberrl():
+    """The Pool conformance classes get fiberrl's pool, whose workers are fiberrl jobs."""
+    assert FiberrlMixin.Pool == fiberrl.Pool
+    for cls in (WithFiberrlPoolWorkerErrors, WithFiberrlPoolWorkerLifetime):
+        cls.setUpClass()
+        try:
+            assert multiprocessing.Pool == fiberrl.Pool
+        finally:
+            cls.tearDownClass()
+    assert multiprocessing.Pool != fiberrl.Pool
+    with FiberrlMixin.Pool(1) as pool:
+        assert type(pool).__module__ == "fiberrl.pool.pool"
+        job_name = pool.apply(_pool_worker_job)
+        assert job_name.startswith("Pool-") and "-worker-" in job_name
+        assert all(worker.job_id.startswith("local-") for worker in pool.workers())
+    pool.join()

@@ -1,0 +1,440 @@
+"""The pool's I/O thread: idle workers pull tasks; results come back and fill results.
+
+Data flow (one thread owns everything below; other threads talk to it through
+:meth:`Dispatcher.call_soon`, which appends to an inbox and writes a wake-up byte)::
+
+    caller threads --submit--> inbox --> task queue --(credit)--> worker links
+                                            ^   pending table <---'   |
+                                            '-- re-queue (lost worker) |
+    result objects <--------------- results <--------------------------'
+
+Each worker link has *credit*: how many tasks it may hold. Tasks go only to links
+with free credit, and credit comes back with results, so a worker gets work exactly
+when it has room for it (an early worker cannot take everything). Credit is sized
+from the measured cost of the call's tasks: about 5 ms of work per worker, plus one
+task ahead while tasks are short, one task at a time while the cost is unknown, and
+never more than a fair share of what is queued. A task re-queued after its worker
+died is *suspect*: it goes alone to an empty worker (see :mod:`.pending`).
+
+Deaths are declared by the supervisor thread (it knows the backend's reason); this
+thread only reports what it sees: a closed connection or a missed heartbeat.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import selectors
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from .. import reduction
+from ..errors import PoolTerminatedError, TaskRetryError
+from ..stream import Channel, Listener
+from .pending import PendingTable
+from .tasks import Task
+
+logger = logging.getLogger(__name__)
+
+BATCH_SECONDS = 0.005     # work handed to a worker at once, when tasks are short
+MAX_BATCH = 512
+PREFETCH_BELOW = 0.05     # tasks shorter than this get one more task queued behind them
+TICK = 0.1
+
+
+class WorkerLink:
+    """The pool's view of one connected worker."""
+
+    __slots__ = ("id", "channel", "pid", "host", "quota_left", "known", "drops",
+                 "last_seen", "idle_since", "retiring", "dead", "solo", "hungry", "stop_sent")
+
+    def __init__(self, worker_id: int, channel: Channel, pid: int, host: str,
+                 quota: Optional[int]) -> None:
+        self.id = worker_id
+        self.channel = channel
+        self.pid = pid
+        self.host = host
+        self.quota_left = quota
+        self.known: set = set()
+        self.drops: List[int] = []
+        self.last_seen = time.monotonic()
+        self.idle_since = self.last_seen
+        self.retiring = False
+        self.dead = False
+        self.solo = False
+        self.hungry = False
+        self.stop_sent = False
+
+
+class Dispatcher:
+    """Owns the listener, the task queue, the pending table and every worker link."""
+
+    def __init__(self, host: str, max_task_retries: int, heartbeat_timeout: float,
+                 idle_timeout: Optional[float], supervisor_events: Any,
+                 release_function: Callable[[Any], bool]) -> None:
+        self.listener = Listener(host)
+        self.address = self.listener.address
+        self.heartbeat_timeout = heartbeat_timeout
+        self.idle_timeout = idle_timeout
+        self.events = supervisor_events
+        self._release_function = release_function
+        self.queue: "collections.deque[Task]" = collections.deque()
+        self.pending = PendingTable(max_task_retries)
+        self.links: Dict[int, WorkerLink] = {}
+        self.expected: Dict[int, tuple] = {}       # worker id -> (token, maxtasks)
+        self.calls: Dict[int, Any] = {}            # live calls, for terminate
+        self.hungry: "collections.deque[WorkerLink]" = collections.deque()
+        self.target = 1
+        self.completed = 0
+        self.closing = False
+        self._stopped = False
+        self._inbox: "collections.deque" = collections.deque()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._woken = False
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._selector.register(self.listener, selectors.EVENT_READ, "listen")
+        self._next_tick = time.monotonic() + TICK
+        self.thread = threading.Thread(target=self._run, name="fiberrl-pool-io", daemon=True)
+
+    # -- any thread --------------------------------------------------------------
+    def call_soon(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` in the I/O thread, in submission order."""
+        self._inbox.append(fn)
+        if not self._woken:
+            self._woken = True
+            try:
+                os.write(self._wake_w, b"x")
+            except (BlockingIOError, OSError):
+                pass
+
+    def submit(self, call: Any, tasks: List[Task], last: bool) -> None:
+        """Queue ``tasks`` of ``call``; ``last`` says the call has no more."""
+        self.call_soon(lambda: self._enqueue(call, tasks, last))
+
+    # -- I/O thread --------------------------------------------------------------
+    def _enqueue(self, call: Any, tasks: List[Task], last: bool) -> None:
+        if self._stopped:
+            call._abort(PoolTerminatedError("the pool was terminated"))
+            return
+        self.calls.setdefault(id(call), call)
+        for task in tasks:
+            call._task_added()
+        self.queue.extend(tasks)
+        if last:
+            call._all_submitted()
+            self._forget_if_done(call)
+
+    def _forget_if_done(self, call: Any) -> None:
+        if call._released:
+            self.calls.pop(id(call), None)
+
+    def release_function(self, entry: Any) -> None:
+        """A call is over: workers may forget its function (I/O thread)."""
+        if self._release_function(entry):
+            for link in self.links.values():
+                if entry.id in link.known:
+                    link.known.discard(entry.id)
+                    link.drops.append(entry.id)
+
+    def _run(self) -> None:
+        try:
+            while not self._stopped:
+                timeout = max(0.0, self._next_tick - time.monotonic())
+                for key, mask in self._selector.select(timeout):
+                    self._on_event(key.data, mask)
+                self._drain_inbox()
+                self._dispatch()
+                if time.monotonic() >= self._next_tick:
+                    self._next_tick = time.monotonic() + TICK
+                    self._tick()
+        except Exception:
+            logger.exception("the pool's I/O thread failed")
+            self._abort_all(PoolTerminatedError("the pool's I/O thread failed; see the log"))
+        finally:
+            self._close_sockets()
+
+    def _drain_inbox(self) -> None:
+        inbox = self._inbox
+        while inbox:
+            fn = inbox.popleft()
+            try:
+                fn()
+            except Exception:
+                logger.exception("pool I/O thread: %r failed", fn)
+
+    def _on_event(self, data: Any, mask: int) -> None:
+        if data == "wake":
+            self._woken = False
+            try:
+                while os.read(self._wake_r, 4096):
+                    pass
+            except (BlockingIOError, OSError):
+                pass
+        elif data == "listen":
+            while True:
+                channel = self.listener.accept()
+                if channel is None:
+                    break
+                self._selector.register(channel, selectors.EVENT_READ, [channel, None])
+        else:
+            channel, link = data
+            try:
+                if mask & selectors.EVENT_WRITE:
+                    channel.on_writable()
+                if mask & selectors.EVENT_READ:
+                    for header, buffers in channel.on_readable():
+                        link = self._on_message(data, header, buffers)
+                self._watch_writes(channel, data)
+            except ConnectionError as exc:
+                self._connection_lost(data, str(exc))
+
+    def _watch_writes(self, channel: Channel, data: Any) -> None:
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if channel.wants_write else 0)
+        if self._selector.get_key(channel).events != events:
+            self._selector.modify(channel, events, data)
+
+    def _connection_lost(self, data: list, why: str) -> None:
+        channel, link = data
+        try:
+            self._selector.unregister(channel)
+        except (KeyError, ValueError):
+            pass
+        channel.close()
+        if link is not None and not link.dead:
+            link.dead = True
+            self.events.put(("disconnected", link.id, why))
+
+    def _on_message(self, data: list, header: tuple, buffers: list) -> Optional[WorkerLink]:
+        link: Optional[WorkerLink] = data[1]
+        kind = header[0]
+        if link is None:
+            return self._identify(data, header)
+        link.last_seen = time.monotonic()
+        if kind == "results":
+            self._on_results(link, header[1], buffers)
+        elif kind == "bye":
+            link.retiring = True
+        return link
+
+    def _identify(self, data: list, header: tuple) -> Optional[WorkerLink]:
+        kind = header[0]
+        if kind == "hb":
+            return None
+        if kind not in ("hello", "init_failed") or self.expected.get(header[1], (None,))[0] != header[2]:
+            raise ConnectionError(f"unexpected first message {kind!r} from a pool worker")
+        worker_id = header[1]
+        token, maxtasks = self.expected.pop(worker_id)
+        if kind == "init_failed":
+            self.events.put(("init_failed", worker_id, header[3]))
+            raise ConnectionError("initializer failed")
+        _, _, _, pid, host = header
+        link = WorkerLink(worker_id, data[0], pid, host, maxtasks)
+        data[1] = link
+        self.links[worker_id] = link
+        self.events.put(("hello", worker_id, pid))
+        self._make_hungry(link)
+        return link
+
+    def _on_results(self, link: WorkerLink, results: list, buffers: list) -> None:
+        position = 0
+        for task_id, ok, stream, count, seconds in results:
+            frames = [stream, *buffers[position:position + count]]
+            position += count
+            task = self.pending.complete(task_id, link.id)
+            if task is None:
+                continue  # a late duplicate of a task that was re-queued
+            try:
+                value = reduction.loads(frames)
+            except Exception as exc:  # e.g. an exception class that needs other arguments
+                from multiprocessing.pool import MaybeEncodingError
+                ok, value = False, MaybeEncodingError(exc, f"<result of {task.describe()}>")
+            self.completed += 1
+            task.call._task_done(task, ok, value, seconds)
+            self._forget_if_done(task.call)
+        if self.pending.held_by(link.id) == 0:
+            link.solo = False
+            link.idle_since = time.monotonic()
+        self._make_hungry(link)
+
+    def _make_hungry(self, link: WorkerLink) -> None:
+        if not link.hungry and not link.dead:
+            link.hungry = True
+            self.hungry.append(link)
+
+    # -- dispatch ------------------------------------------------------------------
+    def _free_credit(self, link: WorkerLink, head: Task) -> int:
+        held = self.pending.held_by(link.id)
+        if link.dead or link.retiring or (link.solo and held):
+            return 0
+        if head.suspect:
+            return 1 if held == 0 else 0
+        mean = head.call.mean_duration
+        if mean is None:
+            capacity = 1
+        else:
+            capacity = max(1, min(MAX_BATCH, int(BATCH_SECONDS / max(mean, 1e-7))))
+            if mean < PREFETCH_BELOW:
+                capacity += 1
+        free = capacity - held
+        if link.quota_left is not None:
+            free = min(free, link.quota_left)
+        return free
+
+    def _dispatch(self) -> None:
+        queue, hungry = self.queue, self.hungry
+        rounds = len(hungry)
+        while queue and hungry and rounds > 0:
+            rounds -= 1
+            link = hungry.popleft()
+            link.hungry = False
+            free = self._free_credit(link, queue[0])
+            if free <= 0:
+                if not link.dead and not link.retiring and queue[0].suspect:
+                    self._make_hungry(link)  # may take a normal task once the suspect is placed
+                continue
+            fair = -(-len(queue) // max(1, self.target))
+            batch = [queue.popleft()]
+            if not batch[0].suspect:
+                limit = min(free, fair)
+                while queue and len(batch) < limit and not queue[0].suspect:
+                    batch.append(queue.popleft())
+            self._send(link, batch)
+            if queue and self._free_credit(link, queue[0]) > 0:
+                self._make_hungry(link)
+                rounds += 1
+
+    def _send(self, link: WorkerLink, batch: List[Task]) -> None:
+        funcs, func_buffers, tasks, task_buffers = [], [], [], []
+        for task in batch:
+            function = task.call.function
+            if function.id not in link.known:
+                link.known.add(function.id)
+                funcs.append((function.id, function.frames[0], len(function.frames) - 1))
+                func_buffers.extend(function.frames[1:])
+            tasks.append((task.id, function.id, task.mode, task.frames[0], len(task.frames) - 1))
+            task_buffers.extend(task.frames[1:])
+            self.pending.assign(task, link.id)
+        solo = batch[0].suspect
+        link.solo = link.solo or solo
+        drops, link.drops = link.drops, []
+        if link.quota_left is not None:
+            link.quota_left -= len(batch)
+            if link.quota_left <= 0:
+                link.retiring = True
+                self.events.put(("retiring", link.id, "maxtasksperchild reached"))
+        try:
+            link.channel.send(("tasks", funcs, drops, tasks, solo), func_buffers + task_buffers)
+            self._watch_writes(link.channel, self._selector.get_key(link.channel).data)
+        except (ConnectionError, KeyError) as exc:
+            self._connection_lost([link.channel, link], str(exc))
+
+    # -- supervision (called by the supervisor through call_soon) -----------------
+    def expect(self, worker_id: int, token: str, maxtasks: Optional[int]) -> None:
+        """A worker is starting: accept its hello."""
+        self.expected[worker_id] = (token, maxtasks)
+
+    def worker_lost(self, worker_id: int, how: str, unexpected: bool) -> None:
+        """The supervisor declared ``worker_id`` gone: take its tasks back."""
+        self.expected.pop(worker_id, None)
+        link = self.links.pop(worker_id, None)
+        if link is not None:
+            link.dead = True
+            try:
+                self._selector.unregister(link.channel)
+            except (KeyError, ValueError):
+                pass
+            link.channel.close()
+        requeue, exhausted = self.pending.worker_lost(worker_id, how)
+        if requeue:
+            logger.warning("pool worker %d lost (%s): re-running %d task(s)", worker_id, how,
+                           len(requeue))
+        self.queue.extendleft(reversed(requeue))
+        for task in exhausted:
+            error = TaskRetryError(task.describe(), task.deaths)
+            logger.error("%s", error)
+            task.call._task_done(task, False, error, -1.0)
+            self._forget_if_done(task.call)
+
+    def retire(self, worker_id: int) -> None:
+        """Give ``worker_id`` no more tasks and stop it once it holds none."""
+        link = self.links.get(worker_id)
+        if link is not None:
+            link.retiring = True
+
+    def fail_queued(self, error: BaseException) -> None:
+        """Fail every queued task with ``error`` (workers cannot start)."""
+        while self.queue:
+            task = self.queue.popleft()
+            task.call._task_done(task, False, error, -1.0)
+            self._forget_if_done(task.call)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        idle_release = self.idle_timeout is not None and not self.queue
+        for link in list(self.links.values()):
+            if link.dead:
+                continue
+            held = self.pending.held_by(link.id)
+            if now - link.last_seen > self.heartbeat_timeout:
+                link.dead = True
+                self.events.put(("unresponsive", link.id,
+                                 f"no heartbeat for {now - link.last_seen:.1f} s"))
+            elif link.retiring and held == 0:
+                self._stop_link(link)
+            elif (idle_release and held == 0 and not link.retiring
+                  and now - link.idle_since > self.idle_timeout):
+                link.retiring = True
+                self.events.put(("released", link.id, "idle"))
+                self._stop_link(link)
+            elif held == 0 and self.closing and self.drained():
+                self._stop_link(link)
+        if self.closing and self.drained():
+            self.events.put(("drained", 0, ""))
+
+    def _stop_link(self, link: WorkerLink) -> None:
+        if link.stop_sent:
+            return
+        link.stop_sent = True
+        try:
+            link.channel.send(("stop",))
+        except ConnectionError:
+            pass
+
+    def drained(self) -> bool:
+        """No task queued, pending or still to be submitted."""
+        return not self.queue and not len(self.pending) and not self.calls
+
+    def has_work(self) -> bool:
+        """Racy but safe read for the supervisor: is anything queued or running?"""
+        return bool(self.queue) or len(self.pending) > 0
+
+    def _abort_all(self, error: BaseException) -> None:
+        self.queue.clear()
+        self.pending.drain()
+        calls, self.calls = list(self.calls.values()), {}
+        for call in calls:
+            call._abort(error)
+
+    def terminate(self) -> None:
+        """Fail every outstanding result and stop the thread (I/O thread)."""
+        self._abort_all(PoolTerminatedError("the pool was terminated before this result was ready"))
+        self._stopped = True
+
+    def _close_sockets(self) -> None:
+        for key in list(self._selector.get_map().values()):
+            if isinstance(key.data, list):
+                key.data[0].close()
+        self._selector.close()
+        self.listener.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def stop(self) -> None:
+        """Stop the thread from any thread and wait for it."""
+        self.call_soon(self.terminate)
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join(10.0)

@@ -1,0 +1,390 @@
+"""``fiberrl.Pool``: the ``multiprocessing.Pool`` API over job-backed workers.
+
+Threads of a pool (all daemon threads of the caller's process)::
+
+    caller ──pickle tasks──> I/O thread (dispatch.py) <──TCP──> worker jobs (worker.py)
+                                  ^  events |
+                                  |         v
+                              supervisor thread (supervisor.py): starts, reaps, scales
+    imap feeder threads: read an imap's input lazily, a bounded window ahead
+
+Delivery guarantee: every task runs to completion at least once; a task whose
+worker died is run again on another worker, so a task may run more than once if
+its worker died after side effects. A task whose workers died ``max_task_retries``
+times fails with :class:`fiberrl.TaskRetryError`; an exception raised by the task
+itself is never retried.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import threading
+import warnings
+import weakref
+from multiprocessing.pool import CLOSE, RUN, TERMINATE
+from typing import Any, Callable, Iterable, List, Mapping, Optional
+
+from ..config import get_config
+from ..errors import PoolTerminatedError
+from ..backends import default_backend
+from .dispatch import Dispatcher
+from .supervisor import Supervisor
+from .tasks import APPLY, MAP, STARMAP, ApplyResult, FunctionTable, IMapIterator, MapResult, chunks
+
+logger = logging.getLogger(__name__)
+
+_pool_ids = itertools.count(1)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolStats:
+    """A snapshot of a pool (counts of workers and tasks)."""
+
+    target: int        #: workers the pool aims to keep
+    alive: int         #: workers connected and taking tasks
+    starting: int      #: workers started that have not said hello yet
+    idle: int          #: connected workers holding no task
+    queued: int        #: tasks waiting for a worker
+    pending: int       #: tasks handed to a worker, result not back yet
+    completed: int     #: tasks finished since the pool started
+    worker_deaths: int  #: workers lost unexpectedly (crash, kill, missed heartbeat)
+    retried: int       #: tasks re-queued after their worker died
+
+
+def _check_callable(func: Any) -> None:
+    if not callable(func):
+        raise TypeError(f"pool task must be callable, got {type(func).__name__}")
+
+
+class _PoolCore:
+    """Everything the threads share; the :class:`Pool` object only holds this."""
+
+    def __init__(self, processes: int, worker_options: dict, max_task_retries: int,
+                 heartbeat_timeout: float, idle_timeout: Optional[float]) -> None:
+        self.name = f"Pool-{next(_pool_ids)}"
+        self.functions = FunctionTable()
+        self.state = RUN
+        self.feeders: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+        backend = default_backend()
+        host = get_config().listen_host or backend.listen_host()
+        import queue
+        events: "queue.SimpleQueue" = queue.SimpleQueue()
+        self.dispatcher = Dispatcher(host, max_task_retries, heartbeat_timeout, idle_timeout,
+                                     events, self.functions.release)
+        self.dispatcher.target = processes
+        self.supervisor = Supervisor(self.dispatcher, processes, self.name, worker_options,
+                                     max_task_retries, idle_timeout)
+        self.dispatcher.thread.start()
+        self.supervisor.thread.start()
+
+    def release_function(self, entry: Any) -> None:
+        self.dispatcher.release_function(entry)
+
+    def terminate(self) -> None:
+        if self.state == TERMINATE:
+            return
+        self.state = TERMINATE
+        self.supervisor.request("terminate")
+
+    def join(self, timeout: Optional[float] = None) -> bool:
+        for thread in (self.supervisor.thread, self.dispatcher.thread):
+            if thread.is_alive():
+                thread.join(timeout)
+                if thread.is_alive():
+                    return False
+        return True
+
+
+def _terminate_core(core: _PoolCore) -> None:
+    core.terminate()
+    core.join(15.0)
+
+
+class Pool:
+    """A pool of job-backed worker processes with the ``multiprocessing.Pool`` API.
+
+    ``processes`` (default: ``fiberrl.cpu_count()``), ``initializer``/``initargs``,
+    ``maxtasksperchild`` and ``context`` are the stdlib's. Keyword-only extras:
+
+    - ``max_task_retries``: deaths of the workers running a task before it fails
+      (default: the ``max_task_retries`` setting, 3);
+    - ``heartbeat_timeout``: seconds of silence after which a worker is considered
+      dead and killed, e.g. a SIGSTOPped or partitioned worker (default: the
+      ``heartbeat_timeout`` setting, 10 s);
+    - ``idle_timeout``: seconds after which an idle worker is released back to the
+      cluster (default None: workers stay); released workers start again when work
+      arrives.
+
+    Workers start in the background; tasks flow as soon as the first is up. Grow or
+    shrink the pool with :meth:`resize`; watch it with :meth:`stats`.
+    """
+
+    def __init__(self, processes: Optional[int] = None, initializer: Optional[Callable[..., Any]] = None,
+                 initargs: Iterable[Any] = (), maxtasksperchild: Optional[int] = None,
+                 context: Any = None, *, max_task_retries: Optional[int] = None,
+                 heartbeat_timeout: Optional[float] = None,
+                 idle_timeout: Optional[float] = None) -> None:
+        self._state = RUN  # before anything can raise, so __del__ works
+        self._core: Optional[_PoolCore] = None
+        if processes is None:
+            processes = os.cpu_count() or 1
+        _check_count(processes, "processes")
+        if maxtasksperchild is not None and (not isinstance(maxtasksperchild, int)
+                                             or isinstance(maxtasksperchild, bool)
+                                             or maxtasksperchild <= 0):
+            raise ValueError("maxtasksperchild must be a positive int or None")
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
+        cfg = get_config()
+        retries = cfg.max_task_retries if max_task_retries is None else max_task_retries
+        _check_count(retries, "max_task_retries")
+        timeout = cfg.heartbeat_timeout if heartbeat_timeout is None else float(heartbeat_timeout)
+        if timeout <= 0:
+            raise ValueError("heartbeat_timeout must be positive")
+        if idle_timeout is not None and idle_timeout <= 0:
+            raise ValueError("idle_timeout must be positive or None")
+        initargs = tuple(initargs)
+        if initializer is not None:
+            from .. import reduction
+            reduction.dumps((initializer, initargs))  # pickling errors surface here
+        options = {"initializer": initializer, "initargs": initargs, "maxtasks": maxtasksperchild,
+                   "heartbeat_interval": min(cfg.heartbeat_interval, timeout / 4)}
+        self._processes = processes
+        self._window = 4 * processes + 32
+        self._core = _PoolCore(processes, options, retries, timeout, idle_timeout)
+        self._finalizer = weakref.finalize(self, _terminate_core, self._core)
+
+    # -- the stdlib API --------------------------------------------------------------
+    def apply(self, func: Callable[..., Any], args: Iterable[Any] = (),
+              kwds: Optional[Mapping[str, Any]] = None) -> Any:
+        """Run ``func(*args, **kwds)`` in a worker and return its result."""
+        return self.apply_async(func, args, kwds).get()
+
+    def apply_async(self, func: Callable[..., Any], args: Iterable[Any] = (),
+                    kwds: Optional[Mapping[str, Any]] = None, callback: Optional[Callable] = None,
+                    error_callback: Optional[Callable] = None) -> ApplyResult:
+        """Start ``func(*args, **kwds)`` in a worker; returns an ``AsyncResult``."""
+        self._check_running()
+        _check_callable(func)
+        core = self._core
+        result = ApplyResult(core, func, callback, error_callback)
+        try:
+            task = result._make_task(0, APPLY, (tuple(args), dict(kwds or {})), 1)
+        except BaseException:
+            core.functions.release(result.function)
+            raise
+        core.dispatcher.submit(result, [task], True)
+        return result
+
+    def map(self, func: Callable[[Any], Any], iterable: Iterable[Any], chunksize: Optional[int] = None,
+            *, progress: Any = False) -> List[Any]:
+        """``list(map(func, iterable))``, computed by the workers."""
+        return self._map_async(func, iterable, MAP, chunksize, None, None, progress).get()
+
+    def starmap(self, func: Callable[..., Any], iterable: Iterable[Iterable[Any]],
+                chunksize: Optional[int] = None, *, progress: Any = False) -> List[Any]:
+        """Like :meth:`map`, calling ``func(*item)``."""
+        return self._map_async(func, iterable, STARMAP, chunksize, None, None, progress).get()
+
+    def map_async(self, func: Callable[[Any], Any], iterable: Iterable[Any],
+                  chunksize: Optional[int] = None, callback: Optional[Callable] = None,
+                  error_callback: Optional[Callable] = None, *, progress: Any = False) -> MapResult:
+        """Asynchronous :meth:`map`; returns an ``AsyncResult`` of the list."""
+        return self._map_async(func, iterable, MAP, chunksize, callback, error_callback, progress)
+
+    def starmap_async(self, func: Callable[..., Any], iterable: Iterable[Iterable[Any]],
+                      chunksize: Optional[int] = None, callback: Optional[Callable] = None,
+                      error_callback: Optional[Callable] = None, *, progress: Any = False) -> MapResult:
+        """Asynchronous :meth:`starmap`."""
+        return self._map_async(func, iterable, STARMAP, chunksize, callback, error_callback, progress)
+
+    def imap(self, func: Callable[[Any], Any], iterable: Iterable[Any], chunksize: int = 1,
+             *, progress: Any = False) -> IMapIterator:
+        """Lazy, ordered :meth:`map`: reads ``iterable`` a bounded window ahead."""
+        return self._imap(func, iterable, chunksize, True, progress)
+
+    def imap_unordered(self, func: Callable[[Any], Any], iterable: Iterable[Any], chunksize: int = 1,
+                       *, progress: Any = False) -> IMapIterator:
+        """Like :meth:`imap`, yielding results as they finish."""
+        return self._imap(func, iterable, chunksize, False, progress)
+
+    def close(self) -> None:
+        """Accept no more work; workers exit once every submitted task is done."""
+        if self._state == RUN:
+            self._state = CLOSE
+            core = self._core
+            core.state = CLOSE
+            core.dispatcher.call_soon(lambda: setattr(core.dispatcher, "closing", True))
+            core.supervisor.request("close")
+
+    def terminate(self) -> None:
+        """Stop now: kill every worker; outstanding results raise PoolTerminatedError."""
+        self._state = TERMINATE
+        if self._core is not None:
+            self._core.terminate()
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        """Wait for the workers to exit (after :meth:`close` or :meth:`terminate`)."""
+        if self._state == RUN:
+            raise ValueError("Pool is still running")
+        if self._core is not None and not self._core.join(timeout):
+            logger.warning("pool %s did not wind down within %s s", self._core.name, timeout)
+
+    def __enter__(self) -> "Pool":
+        self._check_running()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.terminate()
+
+    def __del__(self) -> None:
+        if getattr(self, "_state", None) == RUN and getattr(self, "_core", None) is not None:
+            warnings.warn(f"unclosed running multiprocessing pool {self!r}", ResourceWarning,
+                          source=self)
+
+    def __reduce__(self):
+        raise NotImplementedError("pool objects cannot be passed between processes or pickled")
+
+    def __repr__(self) -> str:
+        name = self._core.name if self._core is not None else "Pool"
+        return f"<fiberrl.{name} state={self._state} processes={self._processes}>"
+
+    # -- fiberrl's extras --------------------------------------------------------------
+    @property
+    def processes(self) -> int:
+        """The number of workers the pool aims to keep."""
+        return self._processes
+
+    def resize(self, processes: int) -> None:
+        """Grow or shrink the pool while it runs.
+
+        New workers start in the background. When shrinking, workers still starting
+        go first, then the least busy; a worker that is retired finishes the tasks it
+        holds before it exits, so no task is lost or re-run.
+        """
+        self._check_running()
+        _check_count(processes, "processes")
+        self._processes = processes
+        self._window = 4 * processes + 32
+        core = self._core
+        core.dispatcher.call_soon(lambda: setattr(core.dispatcher, "target", processes))
+        core.supervisor.request("resize", processes)
+
+    def workers(self) -> list:
+        """The worker process objects currently started (``fiberrl.Process``)."""
+        return self._core.supervisor.processes() if self._core is not None else []
+
+    def stats(self) -> PoolStats:
+        """Counts of workers and tasks right now."""
+        core = self._core
+        dispatcher, supervisor = core.dispatcher, core.supervisor
+        links = list(dispatcher.links.values())
+        alive = [link for link in links if not link.dead]
+        records = list(supervisor.records.values())
+        return PoolStats(target=self._processes, alive=len(alive),
+                         starting=sum(1 for r in records if not r.hello),
+                         idle=sum(1 for link in alive if dispatcher.pending.held_by(link.id) == 0),
+                         queued=len(dispatcher.queue), pending=len(dispatcher.pending),
+                         completed=dispatcher.completed, worker_deaths=supervisor.worker_deaths,
+                         retried=dispatcher.pending.retried)
+
+    # -- stdlib-compatible internals used by CPython's tests --------------------------
+    @property
+    def _pool(self) -> list:
+        if self._core is not None:
+            self._core.supervisor.first_scale.wait(30.0)
+        return self.workers()
+
+    def _repopulate_pool(self) -> None:
+        """Ask the supervisor to refill the pool now (it also does so on its own)."""
+        if self._core is not None:
+            self._core.supervisor.request("resize", self._processes)
+
+    # -- helpers -----------------------------------------------------------------------
+    def _check_running(self) -> None:
+        if self._state != RUN:
+            raise ValueError("Pool not running")
+
+    def _map_async(self, func, iterable, mode, chunksize, callback, error_callback, progress):
+        self._check_running()
+        _check_callable(func)
+        if not hasattr(iterable, "__len__"):
+            iterable = list(iterable)
+        n_items = len(iterable)
+        if chunksize is None:
+            chunksize, extra = divmod(n_items, self._processes * 4)
+            if extra:
+                chunksize += 1
+        _check_count(chunksize, "chunksize", allow_zero=n_items == 0)
+        chunksize = max(chunksize, 1)
+        core = self._core
+        result = MapResult(core, func, n_items, chunksize, callback, error_callback, progress)
+        try:
+            batch = []
+            for index, chunk in enumerate(chunks(iterable, chunksize)):
+                batch.append(result._make_task(index, mode, chunk, len(chunk)))
+                if len(batch) >= 256:
+                    core.dispatcher.submit(result, batch, False)
+                    batch = []
+        except BaseException as exc:
+            core.dispatcher.submit(result, [], True)
+            result._abort(exc)
+            raise
+        core.dispatcher.submit(result, batch, True)
+        return result
+
+    def _imap(self, func, iterable, chunksize, ordered, progress):
+        self._check_running()
+        _check_callable(func)
+        _check_count(chunksize, "chunksize")
+        core = self._core
+        total = len(iterable) if hasattr(iterable, "__len__") else None
+        result = IMapIterator(core, func, ordered, self._window, progress, total)
+        feeder = threading.Thread(target=_feed, args=(core, result, iter(iterable), chunksize,
+                                                      MAP),
+                                  name=f"fiberrl-{core.name}-feeder", daemon=True)
+        core.feeders.add(feeder)
+        feeder.start()
+        return result
+
+
+def _check_count(value: Any, name: str, allow_zero: bool = False) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < (0 if allow_zero else 1):
+        raise ValueError(f"{name} must be {'a non-negative' if allow_zero else 'at least 1, an'} "
+                         f"int, got {value!r}")
+
+
+def _feed(core: _PoolCore, result: IMapIterator, iterator, chunksize: int, mode: int) -> None:
+    """Read an imap's input a bounded window ahead of its consumer (feeder thread)."""
+    dispatcher = core.dispatcher
+    closing = lambda: core.state != RUN  # noqa: E731
+    stopped = lambda: core.state == TERMINATE  # noqa: E731
+    index = 0
+    try:
+        while result._wait_for_room(index, closing, stopped):
+            try:
+                chunk = list(itertools.islice(iterator, chunksize))
+            except Exception as exc:
+                result._input_failed(index, exc)
+                dispatcher.submit(result, [], True)
+                return
+            if not chunk:
+                break
+            try:
+                task = result._make_task(index, mode, chunk, len(chunk))
+            except Exception as exc:
+                result._input_failed(index, exc)
+                dispatcher.submit(result, [], True)
+                return
+            dispatcher.submit(result, [task], False)
+            index += 1
+        result._input_done(index)
+        dispatcher.submit(result, [], True)
+    except BaseException as exc:  # noqa: BLE001 - the consumer must hear of it
+        logger.exception("imap feeder failed")
+        result._abort(exc)
+        dispatcher.submit(result, [], True)
+    if stopped():
+        result._abort(PoolTerminatedError("the pool was terminated"))

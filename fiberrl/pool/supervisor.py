@@ -1,0 +1,272 @@
+"""The pool's supervisor thread: starts workers, declares deaths, scales.
+
+It owns the worker :class:`fiberrl.Process` objects (every backend call that may
+block happens here, never in the I/O thread). It learns about workers from three
+sources and turns each into one decision:
+
+- the I/O thread's events (hello, connection closed, heartbeat missed, retiring);
+- the backend's view, polled every 50 ms (a job that ended without a word);
+- the pool's API (resize, close, terminate).
+
+A lost worker is declared to the I/O thread with the backend's reason (e.g. "killed
+by signal 9 (SIGKILL)"), which re-queues its pending tasks; a replacement is started
+at once. Workers that keep dying before they say hello (a broken initializer, a
+missing module, a backend that refuses jobs) back off exponentially, and after
+``max_task_retries`` such failures in a row the queued tasks fail with the reason
+instead of waiting forever.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import secrets
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..errors import JobFailedError
+from ..process import Process
+from .worker import run_worker
+
+logger = logging.getLogger(__name__)
+
+POLL = 0.05
+STOP_GRACE = 10.0  # seconds a worker asked to stop may take before it is killed
+
+
+class WorkerRecord:
+    """The supervisor's view of one worker job."""
+
+    def __init__(self, worker_id: int, process: Process) -> None:
+        self.id = worker_id
+        self.process = process
+        self.started = time.monotonic()
+        self.hello = False
+        self.retiring = False
+        self.expected_exit = False
+        self.stop_asked: Optional[float] = None
+        self.init_error = ""
+
+
+class Supervisor:
+    """Keeps ``target`` workers alive and tells the I/O thread about every loss."""
+
+    def __init__(self, dispatcher: Any, target: int, name: str, worker_options: Dict[str, Any],
+                 max_task_retries: int, idle_timeout: Optional[float]) -> None:
+        self.dispatcher = dispatcher
+        self.events: "queue.SimpleQueue" = dispatcher.events
+        self.target = target
+        self.name = name
+        self.worker_options = worker_options
+        self.max_task_retries = max_task_retries
+        self.idle_timeout = idle_timeout
+        self.records: Dict[int, WorkerRecord] = {}
+        self.worker_deaths = 0
+        self.closing = False
+        self.shutting_down = False
+        self.terminating = False
+        self.first_scale = threading.Event()
+        self._ids = itertools.count(1)
+        self._start_failures = 0
+        self._last_failure = ""
+        self._last_failure_log = ""
+        self._backoff_until = 0.0
+        self.thread = threading.Thread(target=self._run, name="fiberrl-pool-supervisor", daemon=True)
+
+    # -- API-side requests (any thread) -------------------------------------------
+    def request(self, kind: str, value: Any = None) -> None:
+        self.events.put((kind, 0, value))
+
+    def processes(self) -> List[Process]:
+        return [r.process for r in list(self.records.values())]
+
+    # -- the thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                self._handle_events()
+                if self.terminating:
+                    self._kill_all()
+                    break
+                self._reap()
+                if self.shutting_down:
+                    self._wind_down()
+                    if not self.records:
+                        break
+                else:
+                    self._scale()
+                self.first_scale.set()
+        except Exception:
+            logger.exception("the pool's supervisor failed; killing its workers")
+            self._kill_all()
+        finally:
+            self.first_scale.set()
+            self.dispatcher.stop()
+
+    def _handle_events(self) -> None:
+        try:
+            event = self.events.get(timeout=POLL)
+        except queue.Empty:
+            return
+        while True:
+            self._on_event(*event)
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                return
+
+    def _on_event(self, kind: str, worker_id: int, value: Any) -> None:
+        record = self.records.get(worker_id)
+        if kind == "hello" and record is not None:
+            record.hello = True
+            self._start_failures = 0
+        elif kind == "disconnected" and record is not None:
+            self._lost(record, value)
+        elif kind == "unresponsive" and record is not None:
+            logger.warning("pool worker %d (job %s): %s; killing it", worker_id,
+                           record.process.job_id, value)
+            record.process.kill()
+            self._lost(record, f"{value}; killed")
+        elif kind in ("retiring", "released") and record is not None:
+            record.retiring = record.expected_exit = True
+            record.stop_asked = time.monotonic()
+        elif kind == "init_failed" and record is not None:
+            record.init_error = value
+        elif kind == "resize":
+            self.target = value
+        elif kind == "close":
+            self.closing = True
+        elif kind == "drained" and self.closing:
+            self.shutting_down = True
+        elif kind == "terminate":
+            self.terminating = True
+
+    def _describe(self, record: WorkerRecord) -> str:
+        process = record.process
+        reason = process.exit_reason or f"exit code {process.exitcode}"
+        return f"worker {record.id} (job {process.job_id}) {reason}"
+
+    def _lost(self, record: WorkerRecord, hint: str) -> None:
+        """Declare ``record`` gone, with the backend's reason when it has one."""
+        process = record.process
+        if process.exitcode is None:
+            process.join(1.0)  # its connection just closed: the job is ending
+        if process.exitcode is None:
+            process.kill()
+            process.join(5.0)
+        how = self._describe(record) if process.exitcode is not None else f"worker {record.id}: {hint}"
+        if "heartbeat" in hint:
+            how = f"{how} after {hint}"
+        unexpected = not record.expected_exit and not self.shutting_down
+        if unexpected:
+            self.worker_deaths += 1
+            logger.warning("pool %s: %s", self.name, how)
+        if not record.hello and not self.shutting_down and not self.terminating:
+            self._start_failed(record, how)
+        del self.records[record.id]
+        self.dispatcher.call_soon(lambda: self.dispatcher.worker_lost(record.id, how, unexpected))
+        try:
+            process.close()
+        except ValueError:
+            pass
+
+    def _start_failed(self, record: WorkerRecord, how: str) -> None:
+        self._start_failures += 1
+        self._last_failure = how
+        try:
+            self._last_failure_log = record.init_error or record.process.job_logs(20)
+        except Exception:
+            self._last_failure_log = record.init_error
+        self._backoff_until = time.monotonic() + min(10.0, 0.25 * 2 ** self._start_failures)
+        if self._start_failures >= self.max_task_retries:
+            error = JobFailedError(
+                f"pool workers keep failing to start ({self._start_failures} in a row)",
+                job_id=record.process.job_id, reason=how, log_tail=self._last_failure_log)
+            logger.error("%s", error)
+            self.dispatcher.call_soon(lambda: self.dispatcher.fail_queued(error))
+
+    def _reap(self) -> None:
+        for record in list(self.records.values()):
+            if record.process.exitcode is not None:
+                self._lost(record, "the job ended")
+            elif record.stop_asked and time.monotonic() - record.stop_asked > STOP_GRACE:
+                logger.warning("pool worker %d did not stop within %.0f s; killing it",
+                               record.id, STOP_GRACE)
+                record.process.kill()
+
+    def _active(self) -> List[WorkerRecord]:
+        return [r for r in self.records.values() if not r.retiring]
+
+    def _scale(self) -> None:
+        active = self._active()
+        desired = self.target
+        if self.idle_timeout is not None and not self.dispatcher.has_work():
+            desired = min(desired, len(active))
+        if len(active) < desired and time.monotonic() >= self._backoff_until:
+            for _ in range(desired - len(active)):
+                if not self._start_worker():
+                    break
+        elif len(active) > desired:
+            self._retire(sorted(active, key=lambda r: (r.hello, self.dispatcher.pending.held_by(r.id)))
+                         [:len(active) - desired])
+
+    def _retire(self, records: Sequence[WorkerRecord]) -> None:
+        for record in records:
+            record.retiring = record.expected_exit = True
+            record.stop_asked = time.monotonic()
+            if not record.hello:
+                record.process.terminate()
+            else:
+                worker_id = record.id
+                self.dispatcher.call_soon(lambda: self.dispatcher.retire(worker_id))
+
+    def _start_worker(self) -> bool:
+        worker_id = next(self._ids)
+        token = secrets.token_hex(8)
+        options = self.worker_options
+        self.dispatcher.call_soon(
+            lambda: self.dispatcher.expect(worker_id, token, options["maxtasks"]))
+        process = Process(target=run_worker, name=f"{self.name}-worker-{worker_id}", daemon=True,
+                          args=(self.dispatcher.address, worker_id, token, options["initializer"],
+                                options["initargs"], options["maxtasks"],
+                                options["heartbeat_interval"]))
+        try:
+            process.start()
+        except Exception as exc:
+            logger.error("pool %s could not start a worker: %s", self.name, exc)
+            self._start_failures += 1
+            self._backoff_until = time.monotonic() + min(10.0, 0.25 * 2 ** self._start_failures)
+            if self._start_failures >= self.max_task_retries:
+                error = JobFailedError(f"the backend cannot start pool workers: {exc}")
+                self.dispatcher.call_soon(lambda: self.dispatcher.fail_queued(error))
+            return False
+        self.records[worker_id] = WorkerRecord(worker_id, process)
+        return True
+
+    def _wind_down(self) -> None:
+        """After close(): stop workers that are idle or still starting; kill stragglers."""
+        now = time.monotonic()
+        for record in list(self.records.values()):
+            if record.stop_asked is None:
+                record.stop_asked = now
+                record.expected_exit = True
+                if not record.hello:
+                    record.process.terminate()
+
+    def _kill_all(self) -> None:
+        for record in list(self.records.values()):
+            record.expected_exit = True
+            try:
+                record.process.kill()
+            except Exception:
+                logger.debug("kill of worker %d failed", record.id, exc_info=True)
+        deadline = time.monotonic() + 10.0
+        for record in list(self.records.values()):
+            record.process.join(max(0.1, deadline - time.monotonic()))
+            try:
+                record.process.close()
+            except ValueError:
+                logger.warning("pool worker %d (job %s) did not exit after SIGKILL", record.id,
+                               record.process.job_id)
+        self.records.clear()

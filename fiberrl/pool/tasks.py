@@ -1,0 +1,367 @@
+"""Tasks, the functions they call, and the result objects callers wait on.
+
+A *call* (one ``apply_async``, ``map_async`` or ``imap``) is a result object plus
+the tasks it was cut into: one task per chunk of ``chunksize`` items. Each task is
+pickled once, in the caller's thread, when it is submitted: the caller gets pickling
+errors at once, the pool keeps only bytes (so the caller's objects are not kept
+alive, and a task can be re-sent after its worker died), and the pool's I/O thread
+never pickles user objects.
+
+Result objects are filled by the pool's I/O thread through ``_set``; callbacks run
+in that thread, as in the stdlib (they should return quickly).
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+import types
+from typing import Any, Callable, Iterable, List, Optional
+
+from .. import reduction
+from ..errors import TimeoutError
+from .progress import make_progress
+
+#: What a task does with its pickled arguments in the worker.
+APPLY, MAP, STARMAP = 0, 1, 2
+
+_task_ids = itertools.count(1)
+_func_ids = itertools.count(1)
+
+
+class Function:
+    """A function pickled once per call (or once per pool for plain module functions)."""
+
+    __slots__ = ("id", "frames", "name", "users", "cached")
+
+    def __init__(self, func: Callable[..., Any], cached: bool) -> None:
+        self.id = next(_func_ids)
+        self.frames = reduction.dumps(func)
+        self.name = getattr(func, "__qualname__", None) or repr(func)[:80]
+        self.users = 0
+        self.cached = cached
+
+
+def _by_reference(func: Any) -> bool:
+    """True for functions that pickle by name (so a cached pickle can never go stale)."""
+    if isinstance(func, types.BuiltinFunctionType):
+        return True
+    return (isinstance(func, types.FunctionType) and func.__module__ not in ("__main__", "__mp_main__")
+            and "<" not in func.__qualname__)
+
+
+class FunctionTable:
+    """Pickled functions by id, with a small cache for module-level functions."""
+
+    def __init__(self, cache_size: int = 64) -> None:
+        self._lock = threading.Lock()
+        self._cache: "collections.OrderedDict[Any, tuple]" = collections.OrderedDict()
+        self._cache_size = cache_size
+        self.by_id: dict = {}
+
+    def acquire(self, func: Callable[..., Any]) -> Function:
+        """The :class:`Function` for ``func``; pair with :meth:`release`."""
+        if _by_reference(func):
+            with self._lock:
+                hit = self._cache.get(id(func))
+                if hit is not None and hit[0] is func:
+                    self._cache.move_to_end(id(func))
+                    hit[1].users += 1
+                    return hit[1]
+            entry = Function(func, cached=True)
+            with self._lock:
+                self._cache[id(func)] = (func, entry)
+                self.by_id[entry.id] = entry
+                entry.users += 1
+                while len(self._cache) > self._cache_size:
+                    _, (_, old) = self._cache.popitem(last=False)
+                    old.cached = False
+                    if old.users == 0:
+                        self.by_id.pop(old.id, None)
+            return entry
+        entry = Function(func, cached=False)
+        with self._lock:
+            entry.users += 1
+            self.by_id[entry.id] = entry
+        return entry
+
+    def release(self, entry: Function) -> bool:
+        """Drop one use; True when the function is gone (workers may forget it)."""
+        with self._lock:
+            entry.users -= 1
+            if entry.users <= 0 and not entry.cached:
+                self.by_id.pop(entry.id, None)
+                return True
+            return False
+
+
+class Task:
+    """One chunk of one call: its pickled arguments and where it has been."""
+
+    __slots__ = ("id", "call", "index", "mode", "frames", "size", "deaths", "suspect",
+                 "worker", "started")
+
+    def __init__(self, call: "Call", index: int, mode: int, payload: Any, size: int) -> None:
+        self.id = next(_task_ids)
+        self.call = call
+        self.index = index
+        self.mode = mode
+        self.frames = reduction.dumps(payload)
+        self.size = size
+        self.deaths: List[str] = []   # how the workers that died running it ended
+        self.suspect = False          # its worker died: run it alone next time
+        self.worker: Optional[int] = None
+        self.started = 0.0
+
+    def describe(self) -> str:
+        what = {APPLY: "apply", MAP: "map", STARMAP: "starmap"}[self.mode]
+        return f"task {self.id} ({what} of {self.call.function.name}, chunk {self.index})"
+
+
+class Call:
+    """What every result object shares: its function, its tasks, a cost estimate."""
+
+    def __init__(self, pool_core: Any, func: Callable[..., Any], callback, error_callback,
+                 progress: Any = None, total_items: Optional[int] = None) -> None:
+        self._core = pool_core
+        self.function = pool_core.functions.acquire(func)
+        self._callback = callback
+        self._error_callback = error_callback
+        self._progress = make_progress(progress, total_items)
+        self._outstanding = 0          # tasks submitted and not yet finished (I/O thread)
+        self._submitted_all = False
+        self._released = False
+        self.mean_duration: Optional[float] = None  # seconds per task, measured by workers
+
+    # -- called by the pool ------------------------------------------------------
+    def _make_task(self, index: int, mode: int, payload: Any, size: int) -> Task:
+        return Task(self, index, mode, payload, size)
+
+    def _task_done(self, task: Task, ok: bool, value: Any, duration: float) -> None:
+        """A task of this call finished (I/O thread)."""
+        if duration >= 0:
+            mean = self.mean_duration
+            self.mean_duration = duration if mean is None else 0.8 * mean + 0.2 * duration
+        self._outstanding -= 1
+        if self._progress is not None:
+            self._progress.advance(task.size)
+        self._set(task.index, ok, value)
+        self._maybe_release()
+
+    def _task_added(self) -> None:
+        self._outstanding += 1
+
+    def _all_submitted(self) -> None:
+        self._submitted_all = True
+        self._maybe_release()
+
+    def _maybe_release(self) -> None:
+        if self._submitted_all and self._outstanding <= 0 and not self._released:
+            self._released = True
+            if self._progress is not None:
+                self._progress.close()
+            self._core.release_function(self.function)
+
+    def _set(self, index: int, ok: bool, value: Any) -> None:
+        raise NotImplementedError
+
+    def _abort(self, exc: BaseException) -> None:
+        """The pool was terminated: fail whatever is still waiting."""
+        raise NotImplementedError
+
+    def _run_callback(self, fn: Optional[Callable[[Any], Any]], value: Any) -> None:
+        if fn is not None:
+            try:
+                fn(value)
+            except Exception:
+                import logging
+                logging.getLogger(__name__).exception("pool callback %r raised", fn)
+
+
+class ApplyResult(Call):
+    """The ``multiprocessing.pool.AsyncResult`` of one call."""
+
+    def __init__(self, pool_core: Any, func, callback=None, error_callback=None,
+                 progress: Any = None, total_items: Optional[int] = None) -> None:
+        super().__init__(pool_core, func, callback, error_callback, progress, total_items)
+        self._event = threading.Event()
+        self._success: Optional[bool] = None
+        self._value: Any = None
+
+    def ready(self) -> bool:
+        """True once the call has a result or an error."""
+        return self._event.is_set()
+
+    def successful(self) -> bool:
+        """True if the call completed without an error; ValueError if not ready yet."""
+        if not self.ready():
+            raise ValueError(f"{self!r} not ready")
+        return bool(self._success)
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Wait until the result is ready or ``timeout`` seconds pass."""
+        self._event.wait(timeout)
+
+    def get(self, timeout: Optional[float] = None) -> Any:
+        """The result; raises the task's exception, or TimeoutError after ``timeout`` s."""
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"no result within {timeout} s")
+        if self._success:
+            return self._value
+        raise self._value
+
+    def _finish(self, ok: bool, value: Any) -> None:
+        if self._event.is_set():
+            return
+        self._success, self._value = ok, value
+        self._run_callback(self._callback if ok else self._error_callback, value)
+        self._event.set()
+
+    def _set(self, index: int, ok: bool, value: Any) -> None:
+        self._finish(ok, value)
+
+    def _abort(self, exc: BaseException) -> None:
+        self._finish(False, exc)
+
+
+AsyncResult = ApplyResult
+
+
+class MapResult(ApplyResult):
+    """The result of ``map_async``: a list, filled chunk by chunk; fails at the first error."""
+
+    def __init__(self, pool_core: Any, func, n_items: int, chunksize: int, callback=None,
+                 error_callback=None, progress: Any = None) -> None:
+        super().__init__(pool_core, func, callback, error_callback, progress, n_items)
+        self._chunksize = chunksize
+        self._items: List[Any] = [None] * n_items
+        self._chunks_left = -(-n_items // chunksize) if n_items else 0
+        if n_items == 0:
+            self._finish(True, [])
+
+    def _set(self, index: int, ok: bool, value: Any) -> None:
+        if self._event.is_set():
+            return  # failed fast earlier: later chunks are dropped
+        if not ok:
+            self._items = []
+            self._finish(False, value)
+            return
+        start = index * self._chunksize
+        self._items[start:start + len(value)] = value
+        self._chunks_left -= 1
+        if self._chunks_left == 0:
+            items, self._items = self._items, []
+            self._finish(True, items)
+
+
+class IMapIterator(Call):
+    """The iterator of ``imap`` (ordered) and ``imap_unordered``.
+
+    Chunks are flattened; a chunk whose task raised raises its exception once, at
+    its place, and iteration goes on after it. The input is read by a feeder thread
+    that keeps at most ``window`` chunks submitted and not yet consumed.
+    """
+
+    def __init__(self, pool_core: Any, func, ordered: bool, window: int, progress: Any = None,
+                 total_items: Optional[int] = None) -> None:
+        super().__init__(pool_core, func, None, None, progress, total_items)
+        self._ordered = ordered
+        self._window = window
+        self._cond = threading.Condition()
+        self._ready: "collections.deque" = collections.deque()  # (ok, value) chunks to yield
+        self._parked: dict = {}     # ordered: chunks that arrived ahead of their turn
+        self._next_index = 0        # ordered: the chunk to yield next
+        self._items: "collections.deque" = collections.deque()
+        self._length: Optional[int] = None  # number of chunks, once the input is exhausted
+        self._delivered = 0         # chunks handed to the consumer
+        self._completed = 0         # chunks finished by workers (or failed at the input)
+        self._aborted: Optional[BaseException] = None
+
+    def __iter__(self) -> "IMapIterator":
+        return self
+
+    def __next__(self) -> Any:
+        return self.next()
+
+    def next(self, timeout: Optional[float] = None) -> Any:
+        """The next item; raises the chunk's error at its place, TimeoutError after ``timeout``."""
+        if self._items:
+            return self._items.popleft()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._items:
+                    return self._items.popleft()
+                if self._ready:
+                    ok, value = self._ready.popleft()
+                    self._delivered += 1
+                    self._cond.notify_all()
+                    if not ok:
+                        raise value
+                    self._items.extend(value)
+                    continue
+                if self._aborted is not None:
+                    raise self._aborted
+                if self._length is not None and self._delivered >= self._length:
+                    raise StopIteration
+                wait = None if deadline is None else deadline - time.monotonic()
+                if wait is not None and wait <= 0:
+                    raise TimeoutError(f"no result within {timeout} s")
+                self._cond.wait(wait if wait is not None else 1.0)
+
+    __next__.__doc__ = "The next item (see :meth:`next`)."
+
+    # -- feeder side ---------------------------------------------------------------
+    def _wait_for_room(self, submitted: int, closing: Callable[[], bool],
+                       stopped: Callable[[], bool]) -> bool:
+        """Block the feeder until fewer than ``window`` chunks are in flight; False if stopped."""
+        with self._cond:
+            while not stopped():
+                done = self._completed if closing() else self._delivered
+                if submitted - done < self._window:
+                    return True
+                self._cond.wait(0.2)
+        return False
+
+    def _input_failed(self, index: int, exc: BaseException) -> None:
+        """The input iterable raised while chunk ``index`` was being built."""
+        with self._cond:
+            self._length = index + 1
+            self._add_chunk(index, False, exc)
+
+    def _input_done(self, n_chunks: int) -> None:
+        with self._cond:
+            self._length = n_chunks
+            self._cond.notify_all()
+
+    # -- I/O thread side -----------------------------------------------------------
+    def _set(self, index: int, ok: bool, value: Any) -> None:
+        with self._cond:
+            self._add_chunk(index, ok, value)
+
+    def _add_chunk(self, index: int, ok: bool, value: Any) -> None:
+        self._completed += 1
+        if not self._ordered:
+            self._ready.append((ok, value))
+        else:
+            self._parked[index] = (ok, value)
+            while self._next_index in self._parked:
+                self._ready.append(self._parked.pop(self._next_index))
+                self._next_index += 1
+        self._cond.notify_all()
+
+    def _abort(self, exc: BaseException) -> None:
+        with self._cond:
+            self._aborted = exc
+            self._cond.notify_all()
+
+
+def chunks(iterable: Iterable[Any], size: int):
+    """Yield lists of ``size`` items (the last may be shorter)."""
+    iterator = iter(iterable)
+    while True:
+        chunk = list(itertools.islice(iterator, size))
+        if not chunk:
+            return
+        yield chunk

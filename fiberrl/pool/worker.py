@@ -1,0 +1,226 @@
+"""The loop inside each pool worker job.
+
+A worker is an ordinary :class:`fiberrl.Process` whose target is :func:`run_worker`.
+It connects to its pool's listener (:mod:`fiberrl.stream`), runs the initializer,
+says hello, then runs the tasks it is handed, in order, and sends results back in
+batches: a batch leaves when the worker has nothing left to run, after a
+millisecond, or at once for a task the pool marked *suspect* (its previous worker
+died), so that the pool knows exactly which task a crash belongs to. A heartbeat
+thread proves the worker is alive while a long task runs.
+
+Messages (headers; pickle streams are bytes inside the header, large buffers follow)::
+
+    pool -> worker  ("tasks", [(func_id, stream, n_buffers)], [dropped func ids],
+                     [(task_id, func_id, mode, stream, n_buffers)], flush_each)
+                    ("stop",)
+    worker -> pool  ("hello", worker_id, token, pid, host)
+                    ("init_failed", worker_id, token, traceback_text)
+                    ("results", [(task_id, ok, stream, n_buffers, seconds)])
+                    ("hb",)  ("bye",)
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+import types
+from multiprocessing.pool import ExceptionWithTraceback, MaybeEncodingError
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from .. import reduction
+from ..errors import TaskDeserializationError
+from ..stream import StreamConnection
+from .tasks import APPLY, MAP
+
+logger = logging.getLogger(__name__)
+
+_FLUSH_AFTER = 0.001   # seconds a finished result may wait for company
+_FLUSH_COUNT = 256
+
+
+def _take(buffers: List[memoryview], start: int, count: int) -> List[Any]:
+    return buffers[start:start + count]
+
+
+class _Globals:
+    """Makes globals that the initializer set visible to tasks defined in ``__main__``.
+
+    Functions from ``__main__`` travel by value, each pickle with its own globals
+    dict; in the stdlib they share the real module. So the names the initializer
+    assigns are copied into the globals of every function unpickled afterwards.
+    """
+
+    def __init__(self) -> None:
+        self.assigned: Dict[str, Dict[str, Any]] = {}
+
+    def run_initializer(self, initializer: Callable[..., Any], initargs: Sequence[Any]) -> None:
+        namespace = getattr(initializer, "__globals__", None)
+        before = dict(namespace) if isinstance(namespace, dict) else None
+        initializer(*initargs)
+        if before is not None and initializer.__module__ in ("__main__", "__mp_main__"):
+            changed = [k for k, v in namespace.items() if k not in before or before[k] is not v]
+            self.assigned[initializer.__module__] = {"__ns__": namespace, "keys": changed}
+
+    def adopt(self, func: Any) -> None:
+        entry = self.assigned.get(getattr(func, "__module__", None))
+        if entry is None or not isinstance(func, types.FunctionType):
+            return
+        source = entry["__ns__"]
+        if func.__globals__ is not source:
+            for key in entry["keys"]:
+                if key in source:
+                    func.__globals__[key] = source[key]
+
+
+class _Heartbeat(threading.Thread):
+    def __init__(self, conn: StreamConnection, interval: float) -> None:
+        super().__init__(name="fiberrl-pool-heartbeat", daemon=True)
+        self.conn, self.interval = conn, interval
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            try:
+                self.conn.send(("hb",))
+            except OSError:
+                return
+
+
+def _execute(func: Any, mode: int, frames: List[Any]) -> Tuple[bool, Any]:
+    try:
+        args = reduction.loads(frames)
+    except BaseException as exc:  # noqa: BLE001 - reported to the caller
+        return False, TaskDeserializationError(
+            f"could not unpickle the task's arguments in the worker: {type(exc).__name__}: {exc}",
+            traceback.format_exc())
+    try:
+        if mode == APPLY:
+            return True, func(*args[0], **args[1])
+        if mode == MAP:
+            return True, [func(item) for item in args]
+        return True, [func(*item) for item in args]
+    except Exception as exc:
+        return False, ExceptionWithTraceback(exc, exc.__traceback__)
+
+
+def _encode_result(ok: bool, value: Any) -> Tuple[bool, List[Any]]:
+    try:
+        return ok, reduction.dumps_data(value)
+    except Exception as exc:
+        shown = value.exc if isinstance(value, ExceptionWithTraceback) else value
+        return False, reduction.dumps(MaybeEncodingError(exc, shown))
+
+
+class Worker:
+    """State of one worker: its connection, known functions, queued tasks, results."""
+
+    def __init__(self, conn: StreamConnection, worker_id: int, maxtasks: Optional[int]) -> None:
+        self.conn = conn
+        self.worker_id = worker_id
+        self.maxtasks = maxtasks
+        self.functions: Dict[int, Any] = {}
+        self.globals = _Globals()
+        self.queue: "collections.deque" = collections.deque()
+        self.results: List[tuple] = []
+        self.buffers: List[Any] = []
+        self.flush_each = False
+        self.done = 0
+        self.last_flush = time.monotonic()
+
+    def flush(self) -> None:
+        if self.results:
+            results, buffers = self.results, self.buffers
+            self.results, self.buffers = [], []
+            self.conn.send(("results", results), buffers)
+        self.last_flush = time.monotonic()
+
+    def receive(self, header: tuple, buffers: List[memoryview]) -> bool:
+        """Take one message from the pool; False when told to stop."""
+        kind = header[0]
+        if kind == "stop":
+            return False
+        if kind != "tasks":
+            logger.warning("unexpected message %r from the pool", kind)
+            return True
+        _, funcs, dropped, tasks, self.flush_each = header
+        position = 0
+        for func_id, stream, count in funcs:
+            frames = [stream, *_take(buffers, position, count)]
+            position += count
+            try:
+                func = reduction.loads(frames)
+                self.globals.adopt(func)
+                self.functions[func_id] = func
+            except BaseException as exc:  # noqa: BLE001 - every task using it reports it
+                self.functions[func_id] = TaskDeserializationError(
+                    f"could not unpickle the task's function in the worker: "
+                    f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        for func_id in dropped:
+            self.functions.pop(func_id, None)
+        for task_id, func_id, mode, stream, count in tasks:
+            self.queue.append((task_id, func_id, mode, [stream, *_take(buffers, position, count)]))
+            position += count
+        return True
+
+    def run_one(self) -> None:
+        task_id, func_id, mode, frames = self.queue.popleft()
+        func = self.functions.get(func_id)
+        started = time.perf_counter()
+        if isinstance(func, BaseException) or func is None:
+            ok, value = False, func or TaskDeserializationError(
+                f"the pool sent no function {func_id}", "")
+        else:
+            ok, value = _execute(func, mode, frames)
+        seconds = time.perf_counter() - started
+        ok, out = _encode_result(ok, value)
+        self.results.append((task_id, ok, bytes(out[0]), len(out) - 1, seconds))
+        self.buffers.extend(out[1:])
+        self.done += 1
+        if (self.flush_each or len(self.results) >= _FLUSH_COUNT
+                or time.monotonic() - self.last_flush >= _FLUSH_AFTER):
+            self.flush()
+
+    def serve(self) -> None:
+        while True:
+            if not self.queue:
+                self.flush()
+                if self.maxtasks is not None and self.done >= self.maxtasks:
+                    return
+                try:
+                    message = self.conn.recv()
+                except EOFError:
+                    logger.info("pool connection closed; worker %d exits", self.worker_id)
+                    return
+                if not self.receive(*message):
+                    return
+                continue
+            self.run_one()
+
+
+def run_worker(address: str, worker_id: int, token: str, initializer: Optional[Callable[..., Any]],
+               initargs: Sequence[Any], maxtasks: Optional[int], heartbeat_interval: float) -> None:
+    """Entry point of a pool worker job (the target of its :class:`fiberrl.Process`)."""
+    conn = StreamConnection(address)
+    heartbeat = _Heartbeat(conn, heartbeat_interval)
+    heartbeat.start()
+    worker = Worker(conn, worker_id, maxtasks)
+    try:
+        if initializer is not None:
+            try:
+                worker.globals.run_initializer(initializer, initargs)
+            except BaseException:  # noqa: BLE001 - the pool reports it
+                conn.send(("init_failed", worker_id, token, traceback.format_exc()))
+                raise
+        conn.send(("hello", worker_id, token, os.getpid(), socket.gethostname()))
+        worker.serve()
+        worker.flush()
+        conn.send(("bye",))
+    except (OSError, EOFError) as exc:
+        logger.info("worker %d lost its pool: %s", worker_id, exc)
+    finally:
+        heartbeat.stopped.set()
+        conn.close()
