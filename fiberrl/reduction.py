@@ -40,14 +40,25 @@ def _is_plain_ndarray(obj: Any) -> bool:
             and not obj.dtype.hasobject)
 
 
-def _is_plain(obj: Any) -> bool:
+def _is_plain(obj: Any, budget: int = 64) -> bool:
+    """True for data the C pickler handles alone: built-in scalars, plain numpy arrays,
+    and small tuples, lists and dicts of them (at most ``budget`` items looked at)."""
+    return _plain_within(obj, [budget])
+
+
+def _plain_within(obj: Any, budget: list) -> bool:
     kind = type(obj)
     if kind in _PLAIN_TYPES:
         return True
     if kind.__name__ == "ndarray":
         return _is_plain_ndarray(obj)
-    if kind in (tuple, list) and len(obj) <= 8:
-        return all(type(item) in _PLAIN_TYPES for item in obj)
+    if kind in (tuple, list):
+        budget[0] -= len(obj)
+        return budget[0] >= 0 and all(_plain_within(item, budget) for item in obj)
+    if kind is dict:
+        budget[0] -= 2 * len(obj)
+        return budget[0] >= 0 and all(
+            type(key) in _PLAIN_TYPES and _plain_within(value, budget) for key, value in obj.items())
     return False
 
 

@@ -76,6 +76,19 @@ def _tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
 
 
+class _Scratch:
+    """A reusable receive buffer: ``sock.recv(256 KiB)`` would map and unmap fresh
+    memory on every call, which costs more than the message it reads."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray(_READ_CHUNK)
+        self._view = memoryview(self._buf)
+
+    def recv(self, sock: socket.socket) -> bytes:
+        n = sock.recv_into(self._buf)
+        return bytes(self._view[:n])
+
+
 class _Parser:
     """Turns a byte stream into verified messages (used by both connection kinds)."""
 
@@ -143,6 +156,7 @@ class Channel:
         self._parser: Optional[_Parser] = None
         self._key = b""
         self._out: List[memoryview] = []
+        self._scratch = _Scratch()
         sock.send(self._nonce)  # 16 bytes on a fresh socket never block
 
     def fileno(self) -> int:
@@ -155,7 +169,7 @@ class Channel:
 
     def on_readable(self) -> List[Message]:
         try:
-            data = self.sock.recv(_READ_CHUNK)
+            data = self._scratch.recv(self.sock)
         except (BlockingIOError, InterruptedError):
             return []
         except OSError as exc:
@@ -209,16 +223,27 @@ class Channel:
 
 
 class Listener:
-    """A listening TCP socket whose connections become :class:`Channel` objects."""
+    """A listening socket whose connections become :class:`Channel` objects.
+
+    ``host`` is an address to bind (TCP, any free port), or ``"unix:/path"`` for a
+    Unix socket (same host only; a loopback TCP round trip costs several times more).
+    """
 
     def __init__(self, host: str) -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.bind((host, 0))
+        self._unix_path: Optional[str] = None
+        if host.startswith("unix:"):
+            self._unix_path = host[len("unix:"):]
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.bind(self._unix_path)
+            self.address = host
+        else:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            self.sock = socket.socket(family, socket.SOCK_STREAM)
+            self.sock.bind((host, 0))
+            port = self.sock.getsockname()[1]
+            self.address = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
         self.sock.listen(512)
         self.sock.setblocking(False)
-        port = self.sock.getsockname()[1]
-        self.address = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -237,6 +262,24 @@ class Listener:
 
     def close(self) -> None:
         self.sock.close()
+        if self._unix_path is not None:
+            try:
+                os.unlink(self._unix_path)
+            except OSError:
+                pass
+
+
+def _connect(address: str, timeout: float) -> socket.socket:
+    if address.startswith("unix:"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(address[len("unix:"):])
+        except OSError:
+            sock.close()
+            raise
+        return sock
+    return socket.create_connection(_split_address(address), timeout=timeout)
 
 
 def _split_address(address: str) -> Tuple[str, int]:
@@ -251,7 +294,7 @@ class StreamConnection:
     """
 
     def __init__(self, address: str, timeout: float = 30.0) -> None:
-        self.sock = socket.create_connection(_split_address(address), timeout=timeout)
+        self.sock = _connect(address, timeout)
         _tune(self.sock)
         nonce_a = self._recv_exact(_NONCE_BYTES, time.monotonic() + timeout)
         nonce_c = os.urandom(_NONCE_BYTES)
@@ -261,6 +304,7 @@ class StreamConnection:
         self._parser = _Parser(self._key)
         self._pending: List[Message] = []
         self._send_lock = threading.Lock()
+        self._scratch = _Scratch()
 
     def _recv_exact(self, n: int, deadline: float) -> bytes:
         data = b""
@@ -300,7 +344,7 @@ class StreamConnection:
                 if not ready:
                     return None
             try:
-                data = self.sock.recv(_READ_CHUNK)
+                data = self._scratch.recv(self.sock)
             except OSError as exc:
                 raise EOFError(str(exc)) from None
             if not data:

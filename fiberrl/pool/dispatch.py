@@ -1,7 +1,9 @@
 """The pool's I/O thread: idle workers pull tasks; results come back and fill results.
 
-Data flow (one thread owns everything below; other threads talk to it through
-:meth:`Dispatcher.call_soon`, which appends to an inbox and writes a wake-up byte)::
+Data flow (everything below is guarded by one re-entrant lock; the I/O thread takes
+it to handle what ``select`` returned, a caller's thread takes it to queue tasks and
+hand them straight to a worker with room, which saves a thread wake-up per call;
+the supervisor talks to it through :meth:`Dispatcher.call_soon`)::
 
     caller threads --submit--> inbox --> task queue --(credit)--> worker links
                                             ^   pending table <---'   |
@@ -71,14 +73,12 @@ class Dispatcher:
     """Owns the listener, the task queue, the pending table and every worker link."""
 
     def __init__(self, host: str, max_task_retries: int, heartbeat_timeout: float,
-                 idle_timeout: Optional[float], supervisor_events: Any,
-                 release_function: Callable[[Any], bool]) -> None:
+                 idle_timeout: Optional[float], supervisor_events: Any) -> None:
         self.listener = Listener(host)
         self.address = self.listener.address
         self.heartbeat_timeout = heartbeat_timeout
         self.idle_timeout = idle_timeout
         self.events = supervisor_events
-        self._release_function = release_function
         self.queue: "collections.deque[Task]" = collections.deque()
         self.pending = PendingTable(max_task_retries)
         self.links: Dict[int, WorkerLink] = {}
@@ -98,6 +98,7 @@ class Dispatcher:
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._selector.register(self.listener, selectors.EVENT_READ, "listen")
         self._next_tick = time.monotonic() + TICK
+        self.lock = threading.RLock()
         self.thread = threading.Thread(target=self._run, name="fiberrl-pool-io", daemon=True)
 
     # -- any thread --------------------------------------------------------------
@@ -112,8 +113,11 @@ class Dispatcher:
                 pass
 
     def submit(self, call: Any, tasks: List[Task], last: bool) -> None:
-        """Queue ``tasks`` of ``call``; ``last`` says the call has no more."""
-        self.call_soon(lambda: self._enqueue(call, tasks, last))
+        """Queue ``tasks`` of ``call`` and dispatch what can go now; ``last`` says the
+        call has no more."""
+        with self.lock:
+            self._enqueue(call, tasks, last)
+            self._dispatch()
 
     # -- I/O thread --------------------------------------------------------------
     def _enqueue(self, call: Any, tasks: List[Task], last: bool) -> None:
@@ -132,9 +136,9 @@ class Dispatcher:
         if call._released:
             self.calls.pop(id(call), None)
 
-    def release_function(self, entry: Any) -> None:
-        """A call is over: workers may forget its function (I/O thread)."""
-        if self._release_function(entry):
+    def forget_function(self, entry: Any) -> None:
+        """No call uses ``entry`` any more: workers may drop it (any thread)."""
+        with self.lock:
             for link in self.links.values():
                 if entry.id in link.known:
                     link.known.discard(entry.id)
@@ -144,13 +148,15 @@ class Dispatcher:
         try:
             while not self._stopped:
                 timeout = max(0.0, self._next_tick - time.monotonic())
-                for key, mask in self._selector.select(timeout):
-                    self._on_event(key.data, mask)
-                self._drain_inbox()
-                self._dispatch()
-                if time.monotonic() >= self._next_tick:
-                    self._next_tick = time.monotonic() + TICK
-                    self._tick()
+                ready = self._selector.select(timeout)
+                with self.lock:
+                    for key, mask in ready:
+                        self._on_event(key.data, mask)
+                    self._drain_inbox()
+                    self._dispatch()
+                    if time.monotonic() >= self._next_tick:
+                        self._next_tick = time.monotonic() + TICK
+                        self._tick()
         except Exception:
             logger.exception("the pool's I/O thread failed")
             self._abort_all(PoolTerminatedError("the pool's I/O thread failed; see the log"))
@@ -195,6 +201,7 @@ class Dispatcher:
     def _watch_writes(self, channel: Channel, data: Any) -> None:
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if channel.wants_write else 0)
         if self._selector.get_key(channel).events != events:
+            # (safe while the I/O thread sits in select: epoll_ctl is thread-safe)
             self._selector.modify(channel, events, data)
 
     def _connection_lost(self, data: list, why: str) -> None:

@@ -64,7 +64,6 @@ class _PoolCore:
     def __init__(self, processes: int, worker_options: dict, max_task_retries: int,
                  heartbeat_timeout: float, idle_timeout: Optional[float]) -> None:
         self.name = f"Pool-{next(_pool_ids)}"
-        self.functions = FunctionTable()
         self.state = RUN
         self.feeders: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
         backend = default_backend()
@@ -72,15 +71,13 @@ class _PoolCore:
         import queue
         events: "queue.SimpleQueue" = queue.SimpleQueue()
         self.dispatcher = Dispatcher(host, max_task_retries, heartbeat_timeout, idle_timeout,
-                                     events, self.functions.release)
+                                     events)
+        self.functions = FunctionTable(self.dispatcher.forget_function)
         self.dispatcher.target = processes
         self.supervisor = Supervisor(self.dispatcher, processes, self.name, worker_options,
                                      max_task_retries, idle_timeout)
         self.dispatcher.thread.start()
         self.supervisor.thread.start()
-
-    def release_function(self, entry: Any) -> None:
-        self.dispatcher.release_function(entry)
 
     def terminate(self) -> None:
         if self.state == TERMINATE:

@@ -127,7 +127,7 @@ class Supervisor:
             logger.warning("pool worker %d (job %s): %s; killing it", worker_id,
                            record.process.job_id, value)
             record.process.kill()
-            self._lost(record, f"{value}; killed")
+            self._lost(record, value)
         elif kind in ("retiring", "released") and record is not None:
             record.retiring = record.expected_exit = True
             record.stop_asked = time.monotonic()
@@ -155,9 +155,12 @@ class Supervisor:
         if process.exitcode is None:
             process.kill()
             process.join(5.0)
-        how = self._describe(record) if process.exitcode is not None else f"worker {record.id}: {hint}"
         if "heartbeat" in hint:
-            how = f"{how} after {hint}"
+            how = f"worker {record.id} (job {process.job_id}) sent {hint} and was killed"
+        elif process.exitcode is not None:
+            how = self._describe(record)
+        else:
+            how = f"worker {record.id} (job {process.job_id}): {hint}"
         unexpected = not record.expected_exit and not self.shutting_down
         if unexpected:
             self.worker_deaths += 1

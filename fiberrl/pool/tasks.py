@@ -16,7 +16,6 @@ import collections
 import itertools
 import threading
 import time
-import types
 from typing import Any, Callable, Iterable, List, Optional
 
 from .. import reduction
@@ -43,57 +42,51 @@ class Function:
         self.cached = cached
 
 
-def _by_reference(func: Any) -> bool:
-    """True for functions that pickle by name (so a cached pickle can never go stale)."""
-    if isinstance(func, types.BuiltinFunctionType):
-        return True
-    return (isinstance(func, types.FunctionType) and func.__module__ not in ("__main__", "__mp_main__")
-            and "<" not in func.__qualname__)
-
-
 class FunctionTable:
-    """Pickled functions by id, with a small cache for module-level functions."""
+    """Pickled functions by id, with a cache keyed by the function object.
 
-    def __init__(self, cache_size: int = 64) -> None:
+    A function is pickled the first time the pool sees it and re-used while it stays
+    among the ``cache_size`` most recent: so a function from ``__main__`` (which
+    travels by value) carries the globals it saw when first sent, as the stdlib's
+    workers see the module as it was when they started. ``on_forget(entry)`` is
+    called when workers may drop a function.
+    """
+
+    def __init__(self, on_forget: Callable[["Function"], None], cache_size: int = 64) -> None:
         self._lock = threading.Lock()
-        self._cache: "collections.OrderedDict[Any, tuple]" = collections.OrderedDict()
+        self._cache: "collections.OrderedDict[int, tuple]" = collections.OrderedDict()
         self._cache_size = cache_size
-        self.by_id: dict = {}
+        self._on_forget = on_forget
 
     def acquire(self, func: Callable[..., Any]) -> Function:
         """The :class:`Function` for ``func``; pair with :meth:`release`."""
-        if _by_reference(func):
-            with self._lock:
-                hit = self._cache.get(id(func))
-                if hit is not None and hit[0] is func:
-                    self._cache.move_to_end(id(func))
-                    hit[1].users += 1
-                    return hit[1]
-            entry = Function(func, cached=True)
-            with self._lock:
-                self._cache[id(func)] = (func, entry)
-                self.by_id[entry.id] = entry
-                entry.users += 1
-                while len(self._cache) > self._cache_size:
-                    _, (_, old) = self._cache.popitem(last=False)
-                    old.cached = False
-                    if old.users == 0:
-                        self.by_id.pop(old.id, None)
-            return entry
-        entry = Function(func, cached=False)
+        with self._lock:
+            hit = self._cache.get(id(func))
+            if hit is not None and hit[0] is func:
+                self._cache.move_to_end(id(func))
+                hit[1].users += 1
+                return hit[1]
+        entry = Function(func, cached=True)  # pickling errors reach the caller
+        forgotten = []
         with self._lock:
             entry.users += 1
-            self.by_id[entry.id] = entry
+            self._cache[id(func)] = (func, entry)
+            while len(self._cache) > self._cache_size:
+                _, (_, old) = self._cache.popitem(last=False)
+                old.cached = False
+                if old.users == 0:
+                    forgotten.append(old)
+        for old in forgotten:
+            self._on_forget(old)
         return entry
 
-    def release(self, entry: Function) -> bool:
-        """Drop one use; True when the function is gone (workers may forget it)."""
+    def release(self, entry: Function) -> None:
+        """Drop one use of ``entry``."""
         with self._lock:
             entry.users -= 1
-            if entry.users <= 0 and not entry.cached:
-                self.by_id.pop(entry.id, None)
-                return True
-            return False
+            gone = entry.users <= 0 and not entry.cached
+        if gone:
+            self._on_forget(entry)
 
 
 class Task:
@@ -161,7 +154,7 @@ class Call:
             self._released = True
             if self._progress is not None:
                 self._progress.close()
-            self._core.release_function(self.function)
+            self._core.functions.release(self.function)
 
     def _set(self, index: int, ok: bool, value: Any) -> None:
         raise NotImplementedError
