@@ -3,9 +3,19 @@
 ``pool.py`` is the API, ``tasks.py`` the tasks and result objects, ``pending.py``
 the pending table and retry budget, ``dispatch.py`` the I/O thread where idle
 workers pull work, ``supervisor.py`` the thread that starts, reaps and scales
-workers, and ``worker.py`` the loop inside each worker job.
+workers, and ``worker.py`` the loop inside each worker job. Names are resolved
+lazily, so a worker job imports only ``worker.py``.
 """
-from .pool import Pool, PoolStats
-from .tasks import ApplyResult, AsyncResult, IMapIterator, MapResult
+from typing import Any
 
 __all__ = ["Pool", "PoolStats", "ApplyResult", "AsyncResult", "MapResult", "IMapIterator"]
+
+_HOMES = {"Pool": "pool", "PoolStats": "pool", "ApplyResult": "tasks", "AsyncResult": "tasks",
+          "MapResult": "tasks", "IMapIterator": "tasks"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        import importlib
+        return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,6 +21,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 import warnings
 import weakref
 from multiprocessing.pool import CLOSE, RUN, TERMINATE
@@ -290,8 +291,14 @@ class Pool:
     # -- stdlib-compatible internals used by CPython's tests --------------------------
     @property
     def _pool(self) -> list:
-        if self._core is not None:
-            self._core.supervisor.first_scale.wait(30.0)
+        """The stdlib's list of worker processes; waits (up to 60 s) until the
+        supervisor has started the target number of workers."""
+        core = self._core
+        if core is not None and core.state == RUN:
+            deadline = time.monotonic() + 60.0
+            while (len(core.supervisor.records) < self._processes and time.monotonic() < deadline
+                   and core.supervisor.thread.is_alive()):
+                time.sleep(0.01)
         return self.workers()
 
     def _repopulate_pool(self) -> None:

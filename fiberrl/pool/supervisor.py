@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import secrets
 import threading
@@ -66,7 +67,11 @@ class Supervisor:
         self.closing = False
         self.shutting_down = False
         self.terminating = False
-        self.first_scale = threading.Event()
+        # Jobs on this host compete for its CPUs while their interpreters start: start
+        # at most one per CPU at a time, so the first worker is up (and tasks flow)
+        # sooner. Cluster backends start every worker at once.
+        from ..backends import default_backend
+        self.max_starting = (os.cpu_count() or 1) if default_backend().shares_host else None
         self._ids = itertools.count(1)
         self._start_failures = 0
         self._last_failure = ""
@@ -96,12 +101,10 @@ class Supervisor:
                         break
                 else:
                     self._scale()
-                self.first_scale.set()
         except Exception:
             logger.exception("the pool's supervisor failed; killing its workers")
             self._kill_all()
         finally:
-            self.first_scale.set()
             self.dispatcher.stop()
 
     def _handle_events(self) -> None:
@@ -207,7 +210,11 @@ class Supervisor:
         if self.idle_timeout is not None and not self.dispatcher.has_work():
             desired = min(desired, len(active))
         if len(active) < desired and time.monotonic() >= self._backoff_until:
-            for _ in range(desired - len(active)):
+            wanted = desired - len(active)
+            if self.max_starting is not None:
+                starting = sum(1 for r in active if not r.hello)
+                wanted = min(wanted, self.max_starting - starting)
+            for _ in range(wanted):
                 if not self._start_worker():
                     break
         elif len(active) > desired:
