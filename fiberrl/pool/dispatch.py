@@ -158,8 +158,10 @@ class Dispatcher:
                         self._next_tick = time.monotonic() + TICK
                         self._tick()
         except Exception:
-            logger.exception("the pool's I/O thread failed")
+            logger.exception("the pool's I/O thread failed; the pool stops")
+            self._stopped = True
             self._abort_all(PoolTerminatedError("the pool's I/O thread failed; see the log"))
+            self.events.put(("terminate", 0, None))
         finally:
             self._close_sockets()
 
@@ -260,12 +262,18 @@ class Dispatcher:
                 from multiprocessing.pool import MaybeEncodingError
                 ok, value = False, MaybeEncodingError(exc, f"<result of {task.describe()}>")
             self.completed += 1
-            task.call._task_done(task, ok, value, seconds)
-            self._forget_if_done(task.call)
+            self._finish_task(task, ok, value, seconds)
         if self.pending.held_by(link.id) == 0:
             link.solo = False
             link.idle_since = time.monotonic()
         self._make_hungry(link)
+
+    def _finish_task(self, task: Task, ok: bool, value: Any, seconds: float) -> None:
+        try:
+            task.call._task_done(task, ok, value, seconds)
+        except Exception:  # user code runs in there (callbacks, progress sinks)
+            logger.exception("finishing %s failed", task.describe())
+        self._forget_if_done(task.call)
 
     def _make_hungry(self, link: WorkerLink) -> None:
         if not link.hungry and not link.dead:
@@ -363,8 +371,7 @@ class Dispatcher:
         for task in exhausted:
             error = TaskRetryError(task.describe(), task.deaths)
             logger.error("%s", error)
-            task.call._task_done(task, False, error, -1.0)
-            self._forget_if_done(task.call)
+            self._finish_task(task, False, error, -1.0)
 
     def retire(self, worker_id: int) -> None:
         """Give ``worker_id`` no more tasks and stop it once it holds none."""
@@ -375,9 +382,7 @@ class Dispatcher:
     def fail_queued(self, error: BaseException) -> None:
         """Fail every queued task with ``error`` (workers cannot start)."""
         while self.queue:
-            task = self.queue.popleft()
-            task.call._task_done(task, False, error, -1.0)
-            self._forget_if_done(task.call)
+            self._finish_task(self.queue.popleft(), False, error, -1.0)
 
     def _tick(self) -> None:
         now = time.monotonic()

@@ -43,7 +43,10 @@ class Progress:
     def close(self) -> None:
         closer = getattr(self.sink, "close_bar", None)
         if closer is not None:
-            closer()
+            try:
+                closer()
+            except Exception:
+                logger.exception("progress bar %r failed to close", self.sink)
 
 
 class _Null:

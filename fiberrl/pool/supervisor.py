@@ -91,6 +91,8 @@ class Supervisor:
         try:
             while True:
                 self._handle_events()
+                if not self.dispatcher.thread.is_alive():
+                    self.terminating = True  # nothing can reach workers any more
                 if self.terminating:
                     self._kill_all()
                     break
