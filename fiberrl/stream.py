@@ -223,25 +223,14 @@ class Channel:
 
 
 class Listener:
-    """A listening socket whose connections become :class:`Channel` objects.
-
-    ``host`` is an address to bind (TCP, any free port), or ``"unix:/path"`` for a
-    Unix socket (same host only; a loopback TCP round trip costs several times more).
-    """
+    """A listening TCP socket (any free port) whose connections become :class:`Channel` objects."""
 
     def __init__(self, host: str) -> None:
-        self._unix_path: Optional[str] = None
-        if host.startswith("unix:"):
-            self._unix_path = host[len("unix:"):]
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.sock.bind(self._unix_path)
-            self.address = host
-        else:
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            self.sock = socket.socket(family, socket.SOCK_STREAM)
-            self.sock.bind((host, 0))
-            port = self.sock.getsockname()[1]
-            self.address = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.bind((host, 0))
+        port = self.sock.getsockname()[1]
+        self.address = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
         self.sock.listen(512)
         self.sock.setblocking(False)
 
@@ -262,24 +251,6 @@ class Listener:
 
     def close(self) -> None:
         self.sock.close()
-        if self._unix_path is not None:
-            try:
-                os.unlink(self._unix_path)
-            except OSError:
-                pass
-
-
-def _connect(address: str, timeout: float) -> socket.socket:
-    if address.startswith("unix:"):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        try:
-            sock.connect(address[len("unix:"):])
-        except OSError:
-            sock.close()
-            raise
-        return sock
-    return socket.create_connection(_split_address(address), timeout=timeout)
 
 
 def _split_address(address: str) -> Tuple[str, int]:
@@ -294,7 +265,7 @@ class StreamConnection:
     """
 
     def __init__(self, address: str, timeout: float = 30.0) -> None:
-        self.sock = _connect(address, timeout)
+        self.sock = socket.create_connection(_split_address(address), timeout=timeout)
         _tune(self.sock)
         nonce_a = self._recv_exact(_NONCE_BYTES, time.monotonic() + timeout)
         nonce_c = os.urandom(_NONCE_BYTES)

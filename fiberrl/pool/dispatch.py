@@ -189,13 +189,13 @@ class Dispatcher:
                     break
                 self._selector.register(channel, selectors.EVENT_READ, [channel, None])
         else:
-            channel, link = data
+            channel = data[0]
             try:
                 if mask & selectors.EVENT_WRITE:
                     channel.on_writable()
                 if mask & selectors.EVENT_READ:
                     for header, buffers in channel.on_readable():
-                        link = self._on_message(data, header, buffers)
+                        self._on_message(data, header, buffers)
                 self._watch_writes(channel, data)
             except ConnectionError as exc:
                 self._connection_lost(data, str(exc))
@@ -217,22 +217,22 @@ class Dispatcher:
             link.dead = True
             self.events.put(("disconnected", link.id, why))
 
-    def _on_message(self, data: list, header: tuple, buffers: list) -> Optional[WorkerLink]:
+    def _on_message(self, data: list, header: tuple, buffers: list) -> None:
         link: Optional[WorkerLink] = data[1]
         kind = header[0]
         if link is None:
-            return self._identify(data, header)
+            self._identify(data, header)
+            return
         link.last_seen = time.monotonic()
         if kind == "results":
             self._on_results(link, header[1], buffers)
         elif kind == "bye":
             link.retiring = True
-        return link
 
-    def _identify(self, data: list, header: tuple) -> Optional[WorkerLink]:
+    def _identify(self, data: list, header: tuple) -> None:
         kind = header[0]
         if kind == "hb":
-            return None
+            return
         if kind not in ("hello", "init_failed") or self.expected.get(header[1], (None,))[0] != header[2]:
             raise ConnectionError(f"unexpected first message {kind!r} from a pool worker")
         worker_id = header[1]
@@ -246,7 +246,6 @@ class Dispatcher:
         self.links[worker_id] = link
         self.events.put(("hello", worker_id, pid))
         self._make_hungry(link)
-        return link
 
     def _on_results(self, link: WorkerLink, results: list, buffers: list) -> None:
         position = 0
