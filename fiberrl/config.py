@@ -67,7 +67,7 @@ class Config:
     heartbeat_timeout: float = 10.0
     """Seconds without a heartbeat after which a peer connection is considered dead."""
     max_task_retries: int = 3
-    """Times a pool task may be re-run after its worker died before it fails."""
+    """Workers that may die while running one pool task before the task fails."""
     extra: Dict[str, Any] = field(default_factory=dict)
     """Backend-specific settings (e.g. ``{"slurm_partition": "gpu"}``)."""
 

@@ -17,6 +17,7 @@ instead of waiting forever.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -230,8 +231,7 @@ class Supervisor:
             if not record.hello:
                 record.process.terminate()
             else:
-                worker_id = record.id
-                self.dispatcher.call_soon(lambda: self.dispatcher.retire(worker_id))
+                self.dispatcher.call_soon(functools.partial(self.dispatcher.retire, record.id))
 
     def _start_worker(self) -> bool:
         worker_id = next(self._ids)

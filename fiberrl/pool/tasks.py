@@ -139,6 +139,9 @@ class Call:
         self._outstanding -= 1
         if self._progress is not None:
             self._progress.advance(task.size)
+            if self._submitted_all and self._outstanding <= 0:
+                self._progress.close()  # the bar's last line comes before the result
+                self._progress = None
         self._set(task.index, ok, value)
         self._maybe_release()
 
