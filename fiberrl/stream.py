@@ -47,6 +47,7 @@ _NONCE_BYTES = 16
 _HELLO_BYTES = _NONCE_BYTES + _MAC_BYTES
 _READ_CHUNK = 1 << 18
 _MAX_BUFFERS = 1 << 20
+_IOV_MAX = 64   # pieces handed to one sendmsg call
 
 Message = Tuple[tuple, List[memoryview]]
 
@@ -59,15 +60,26 @@ def _session_key(nonce_a: bytes, nonce_c: bytes) -> bytes:
     return hmac.new(transport.secret(), b"session" + nonce_a + nonce_c, sha256).digest()
 
 
-def _encode(key: bytes, header: tuple, buffers: Sequence[Any]) -> List[Any]:
-    """Frame one message; returns the pieces to write, buffers uncopied."""
+def _encode(key: bytes, header: tuple, buffers: Sequence[Any]) -> List[memoryview]:
+    """Frame one message; returns byte views of the pieces to write, buffers uncopied."""
     head = pickle.dumps(header, protocol=5)
     views = [memoryview(b).cast("B") for b in buffers]
     lengths = b"".join(_LENGTH.pack(v.nbytes) for v in views)
     prefix = _PREFIX.pack(len(head), len(views)) + lengths
     mac = hmac.new(key, prefix, sha256)
     mac.update(head)
-    return [prefix + mac.digest() + head, *views]
+    return [memoryview(prefix + mac.digest() + head), *views]
+
+
+def _drop_sent(views: List[memoryview], sent: int) -> None:
+    """Remove the first ``sent`` bytes from a list of pieces being written."""
+    while sent and views:
+        if sent >= views[0].nbytes:
+            sent -= views[0].nbytes
+            views.pop(0)
+        else:
+            views[0] = views[0][sent:]
+            sent = 0
 
 
 def _tune(sock: socket.socket) -> None:
@@ -194,25 +206,19 @@ class Channel:
 
     def send(self, header: tuple, buffers: Sequence[Any] = ()) -> None:
         """Queue one message and write as much as the socket takes now."""
-        self._out.extend(memoryview(p).cast("B") for p in _encode(self._key, header, buffers))
+        self._out.extend(_encode(self._key, header, buffers))
         self.on_writable()
 
     def on_writable(self) -> None:
         out = self._out
         while out:
             try:
-                sent = self.sock.sendmsg(out[:64])
+                sent = self.sock.sendmsg(out[:_IOV_MAX])
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 raise ConnectionError(str(exc)) from None
-            while sent and out:
-                if sent >= out[0].nbytes:
-                    sent -= out[0].nbytes
-                    out.pop(0)
-                else:
-                    out[0] = out[0][sent:]
-                    sent = 0
+            _drop_sent(out, sent)
 
     def close(self) -> None:
         self._out.clear()
@@ -294,16 +300,8 @@ class StreamConnection:
             if len(pieces) == 1:
                 self.sock.sendall(pieces[0])
                 return
-            views = [memoryview(p).cast("B") for p in pieces]
-            while views:
-                sent = self.sock.sendmsg(views[:64])
-                while sent and views:
-                    if sent >= views[0].nbytes:
-                        sent -= views[0].nbytes
-                        views.pop(0)
-                    else:
-                        views[0] = views[0][sent:]
-                        sent = 0
+            while pieces:
+                _drop_sent(pieces, self.sock.sendmsg(pieces[:_IOV_MAX]))
 
     def recv(self, timeout: Optional[float] = None) -> Optional[Message]:
         """The next message, or None after ``timeout`` seconds; EOFError when closed."""
