@@ -25,7 +25,7 @@ import queue
 import secrets
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..errors import JobFailedError
 from ..process import Process
@@ -75,8 +75,6 @@ class Supervisor:
         self.max_starting = (os.cpu_count() or 1) if default_backend().shares_host else None
         self._ids = itertools.count(1)
         self._start_failures = 0
-        self._last_failure = ""
-        self._last_failure_log = ""
         self._backoff_until = 0.0
         self.thread = threading.Thread(target=self._run, name="fiberrl-pool-supervisor", daemon=True)
 
@@ -181,17 +179,21 @@ class Supervisor:
             pass
 
     def _start_failed(self, record: WorkerRecord, how: str) -> None:
-        self._start_failures += 1
-        self._last_failure = how
         try:
-            self._last_failure_log = record.init_error or record.process.job_logs(20)
+            log_tail = record.init_error or record.process.job_logs(20)
         except Exception:
-            self._last_failure_log = record.init_error
+            log_tail = record.init_error
+        self._count_start_failure(lambda: JobFailedError(
+            f"pool workers keep failing to start ({self._start_failures} in a row)",
+            job_id=record.process.job_id, reason=how, log_tail=log_tail))
+
+    def _count_start_failure(self, make_error: Callable[[], BaseException]) -> None:
+        """Back off after a worker that never came up; after ``max_task_retries`` such
+        failures in a row, fail the queued tasks with the error ``make_error`` builds."""
+        self._start_failures += 1
         self._backoff_until = time.monotonic() + min(10.0, 0.25 * 2 ** self._start_failures)
         if self._start_failures >= self.max_task_retries:
-            error = JobFailedError(
-                f"pool workers keep failing to start ({self._start_failures} in a row)",
-                job_id=record.process.job_id, reason=how, log_tail=self._last_failure_log)
+            error = make_error()
             logger.error("%s", error)
             self.dispatcher.call_soon(lambda: self.dispatcher.fail_queued(error))
 
@@ -247,11 +249,8 @@ class Supervisor:
             process.start()
         except Exception as exc:
             logger.error("pool %s could not start a worker: %s", self.name, exc)
-            self._start_failures += 1
-            self._backoff_until = time.monotonic() + min(10.0, 0.25 * 2 ** self._start_failures)
-            if self._start_failures >= self.max_task_retries:
-                error = JobFailedError(f"the backend cannot start pool workers: {exc}")
-                self.dispatcher.call_soon(lambda: self.dispatcher.fail_queued(error))
+            message = f"the backend cannot start pool workers: {exc}"
+            self._count_start_failure(lambda: JobFailedError(message))
             return False
         self.records[worker_id] = WorkerRecord(worker_id, process)
         return True
