@@ -12,6 +12,7 @@ in that thread, as in the stdlib (they should return quickly).
 """
 from __future__ import annotations
 
+import abc
 import collections
 import itertools
 import threading
@@ -112,7 +113,7 @@ class Task:
         return f"task {self.id} ({what} of {self.call.function.name}, chunk {self.index})"
 
 
-class Call:
+class Call(abc.ABC):
     """What every result object shares: its function, its tasks, a cost estimate."""
 
     def __init__(self, pool_core: Any, func: Callable[..., Any], callback, error_callback,
@@ -159,12 +160,13 @@ class Call:
                 self._progress.close()
             self._core.functions.release(self.function)
 
+    @abc.abstractmethod
     def _set(self, index: int, ok: bool, value: Any) -> None:
-        raise NotImplementedError
+        """Chunk ``index`` finished: ``value`` is its result, or its exception if not ``ok``."""
 
+    @abc.abstractmethod
     def _abort(self, exc: BaseException) -> None:
         """The pool was terminated: fail whatever is still waiting."""
-        raise NotImplementedError
 
     def _run_callback(self, fn: Optional[Callable[[Any], Any]], value: Any) -> None:
         if fn is not None:
