@@ -1,8 +1,11 @@
-"""Shared fixtures: every test must leave no child process behind."""
+"""Shared fixtures: every test must leave no child process behind; pools made by a
+test are terminated when it ends."""
 import time
 
 import psutil
 import pytest
+
+import fiberrl
 
 
 def _children():
@@ -35,3 +38,19 @@ def _describe(proc):
         return proc.cmdline()
     except psutil.Error as exc:
         return f"pid {proc.pid} ({type(exc).__name__})"
+
+
+@pytest.fixture
+def make_pool():
+    """Pools made by a test, terminated and joined when it ends (pass or fail)."""
+    made = []
+
+    def make(*args, **kwargs):
+        made.append(fiberrl.Pool(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.terminate()
+    for p in made:
+        p.join()

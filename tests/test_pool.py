@@ -44,22 +44,6 @@ def pool():
         shared.join()
 
 
-@pytest.fixture
-def make_pool():
-    """Pools made by a test, terminated and joined when it ends (pass or fail)."""
-    made = []
-
-    def make(*args, **kwargs):
-        made.append(fiberrl.Pool(*args, **kwargs))
-        return made[-1]
-
-    yield make
-    for p in made:
-        p.terminate()
-    for p in made:
-        p.join()
-
-
 # -- the API, with known results ---------------------------------------------------------------
 def test_apply_with_args_and_kwds(pool):
     assert pool.apply(square, (7,)) == 49

@@ -25,22 +25,6 @@ DEATH_WORDS = {"sigkill": ("SIGKILL", "signal 9"), "segfault": ("SIGSEGV", "sign
                "exit": ("exit code 3", "exitcode 3", "exit status 3", "exited with 3")}
 
 
-@pytest.fixture
-def make_pool():
-    """Pools made by a test, terminated and joined when it ends (pass or fail)."""
-    made = []
-
-    def make(*args, **kwargs):
-        made.append(fiberrl.Pool(*args, **kwargs))
-        return made[-1]
-
-    yield make
-    for p in made:
-        p.terminate()
-    for p in made:
-        p.join()
-
-
 def test_error_types():
     assert issubclass(fiberrl.TaskRetryError, fiberrl.JobFailedError)
     assert issubclass(fiberrl.JobFailedError, multiprocessing.ProcessError)
