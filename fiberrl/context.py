@@ -61,6 +61,80 @@ class FiberContext:
         from .pool import Pool
         return Pool(processes, initializer, initargs, maxtasksperchild, context=self, **options)
 
+    # -- managers and synchronization ---------------------------------------------
+    def Manager(self):
+        """A started :class:`fiberrl.managers.SyncManager` (its server is a job)."""
+        from .managers import SyncManager
+        manager = SyncManager(ctx=self)
+        manager.start()
+        return manager
+
+    @staticmethod
+    def Lock():
+        """A lock shared by every process of the run (see :mod:`fiberrl.synchronize`)."""
+        from .synchronize import Lock
+        return Lock()
+
+    @staticmethod
+    def RLock():
+        """A recursive lock shared by every process of the run."""
+        from .synchronize import RLock
+        return RLock()
+
+    @staticmethod
+    def Semaphore(value: int = 1):
+        """A semaphore shared by every process of the run."""
+        from .synchronize import Semaphore
+        return Semaphore(value)
+
+    @staticmethod
+    def BoundedSemaphore(value: int = 1):
+        """A bounded semaphore shared by every process of the run."""
+        from .synchronize import BoundedSemaphore
+        return BoundedSemaphore(value)
+
+    @staticmethod
+    def Condition(lock: Any = None):
+        """A condition variable shared by every process of the run."""
+        from .synchronize import Condition
+        return Condition(lock)
+
+    @staticmethod
+    def Event():
+        """An event shared by every process of the run."""
+        from .synchronize import Event
+        return Event()
+
+    @staticmethod
+    def Barrier(parties: int, action: Any = None, timeout: Optional[float] = None):
+        """A barrier shared by every process of the run."""
+        from .synchronize import Barrier
+        return Barrier(parties, action, timeout)
+
+    @staticmethod
+    def Value(typecode_or_type: Any, *args: Any, lock: Any = True):
+        """A shared value (see :mod:`fiberrl.sharedctypes`)."""
+        from .sharedctypes import Value
+        return Value(typecode_or_type, *args, lock=lock)
+
+    @staticmethod
+    def Array(typecode_or_type: Any, size_or_initializer: Any, *, lock: Any = True):
+        """A shared array (see :mod:`fiberrl.sharedctypes`)."""
+        from .sharedctypes import Array
+        return Array(typecode_or_type, size_or_initializer, lock=lock)
+
+    @staticmethod
+    def RawValue(typecode_or_type: Any, *args: Any):
+        """A shared value without a lock."""
+        from .sharedctypes import RawValue
+        return RawValue(typecode_or_type, *args)
+
+    @staticmethod
+    def RawArray(typecode_or_type: Any, size_or_initializer: Any):
+        """A shared array without a lock."""
+        from .sharedctypes import RawArray
+        return RawArray(typecode_or_type, size_or_initializer)
+
     # -- process helpers ---------------------------------------------------------
     @staticmethod
     def current_process():

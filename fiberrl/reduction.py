@@ -80,6 +80,13 @@ def dumps(obj: Any) -> Frames:
     return [stream, *buffers]
 
 
+def dumps_inband(obj: Any) -> bytes:
+    """One pickle holding everything (for byte-stream connections such as the managers')."""
+    if _is_plain(obj):
+        return pickle.dumps(obj, protocol=5)
+    return cloudpickle.dumps(obj, protocol=5)
+
+
 class _DataPickler(cloudpickle.Pickler):
     """cloudpickle for data: classes from ``__main__`` travel by value, functions do not."""
 

@@ -1,0 +1,82 @@
+"""The coordination service: serves ``fiberrl.Lock()``, ``Event()``, ``Value()``... .
+
+The first such object a process creates starts a manager server in a daemon thread
+of that process (no extra job), listening where the run's other jobs can reach it
+and authenticated with the run's authkey. The objects live there; the handles
+returned to the user are proxies, which pickle to any process of the run and reach
+the service over TCP. An object lives as long as some process holds a proxy to it,
+and at most as long as the process that created it.
+
+Latency is one request/reply on a TCP connection per operation (see the README's
+figures); what happens when a process using them dies is in :mod:`fiberrl.robust`.
+"""
+from __future__ import annotations
+
+import threading
+from multiprocessing import process as mp_process
+from typing import Any, Dict, Optional, Tuple
+
+from . import managers, robust, sharedctypes
+
+_SEMAPHORE_EXPOSED = managers.SemaphoreProxy._exposed_
+
+#: typeid -> (factory, exposed methods, method_to_typeid, proxy type), as a manager registry
+REGISTRY: Dict[str, Tuple[Any, Any, Any, type]] = {
+    "Lock": (robust.Lock, managers.AcquirerProxy._exposed_, None, managers.AcquirerProxy),
+    "RLock": (robust.RLock, managers.AcquirerProxy._exposed_, None, managers.AcquirerProxy),
+    "Semaphore": (robust.Semaphore, _SEMAPHORE_EXPOSED, None, managers.SemaphoreProxy),
+    "BoundedSemaphore": (robust.BoundedSemaphore, _SEMAPHORE_EXPOSED, None,
+                         managers.SemaphoreProxy),
+    "Condition": (robust.Condition, managers.ConditionProxy._exposed_, None,
+                  managers.ConditionProxy),
+    "Event": (robust.Event, managers.EventProxy._exposed_, None, managers.EventProxy),
+    "Barrier": (robust.Barrier, managers.BarrierProxy._exposed_, None, managers.BarrierProxy),
+    "ValueCell": (sharedctypes.ValueCell, sharedctypes.ValueCellProxy._exposed_, None,
+                  sharedctypes.ValueCellProxy),
+    "ArrayCell": (sharedctypes.ArrayCell, sharedctypes.ArrayCellProxy._exposed_, None,
+                  sharedctypes.ArrayCellProxy),
+}
+
+
+class CoordinationService:
+    """A manager server running in a thread of this process."""
+
+    def __init__(self) -> None:
+        self.server = managers.Server(REGISTRY, None, mp_process.current_process().authkey,
+                                      "pickle")
+        self.server.start_in_thread()
+
+    @property
+    def address(self) -> Any:
+        """Where other processes reach this service."""
+        return self.server.address
+
+    def create(self, typeid: str, *args: Any, **kwargs: Any) -> Any:
+        """Create a ``typeid`` object in the service and return a proxy to it."""
+        ident, exposed = self.server.create(None, typeid, *args, **kwargs)
+        token = managers.Token(typeid, self.server.address, ident)
+        proxy_type = REGISTRY[typeid][3]
+        try:
+            return proxy_type(token, "pickle", authkey=self.server.authkey, exposed=exposed)
+        finally:
+            self.server.decref(None, ident)  # the proxy holds its own reference now
+
+
+_service: Optional[CoordinationService] = None
+_service_pid: Optional[int] = None
+_service_lock = threading.Lock()
+
+
+def service() -> CoordinationService:
+    """This process's coordination service, started on first use."""
+    global _service, _service_pid
+    import os
+    with _service_lock:
+        if _service is None or _service_pid != os.getpid():
+            _service, _service_pid = CoordinationService(), os.getpid()
+        return _service
+
+
+def create(typeid: str, *args: Any, **kwargs: Any) -> Any:
+    """Create a ``typeid`` object in this process's coordination service."""
+    return service().create(typeid, *args, **kwargs)

@@ -1,0 +1,496 @@
+"""Synchronization objects that live in a server and survive the death of their users.
+
+These are the objects behind ``fiberrl.Lock()``, ``fiberrl.Event()``... (served by the
+coordination service of the process that created them) and behind
+``Manager().Lock()``... (served by the manager's job). Each method runs in the
+server thread of the calling client connection, so the thread's identity is the
+caller's identity (one connection per client process and thread).
+
+What happens when a client process dies (its connection ends, or keepalive probes
+go unanswered when its host is lost):
+
+- ``Lock``/``RLock``: a lock it held is released (and logged), so waiters go on;
+- ``Semaphore``/``BoundedSemaphore``: permits it acquired and had not released are
+  given back;
+- ``Condition``: the lock is released as above; a notification it was sent while
+  waiting is passed on to the next waiter;
+- ``Barrier``: if it was waiting, the barrier is broken, so the other parties get
+  ``threading.BrokenBarrierError`` instead of waiting forever;
+- ``Event``: nothing to undo.
+
+A blocked call checks every :data:`WAIT_SLICE` seconds whether its own client hung
+up, and then gives up, so a dead waiter holds nothing.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+import weakref
+from typing import Any, Callable, Deque, Dict, Optional
+
+from . import managers
+
+logger = logging.getLogger(__name__)
+
+#: seconds between checks, while a call blocks, that its client is still connected
+WAIT_SLICE = 0.2
+
+_live: "weakref.WeakSet[_Robust]" = weakref.WeakSet()
+_live_lock = threading.Lock()
+
+
+class ClientGone(ConnectionAbortedError):
+    """The client a blocked call was made for disconnected; the call is abandoned."""
+
+
+def _client_departed(ident: int) -> None:
+    with _live_lock:
+        objects = list(_live)
+    for obj in objects:
+        obj._client_departed(ident)
+
+
+managers.on_client_departure(_client_departed)
+
+
+def _caller() -> int:
+    return threading.get_ident()
+
+
+def _deadline(block: bool, timeout: Optional[float]) -> Optional[float]:
+    """Absolute deadline for ``acquire(block, timeout)``: None waits forever."""
+    if not block:
+        return time.monotonic()
+    if timeout is None or timeout < 0:
+        return None
+    return time.monotonic() + timeout
+
+
+class _Robust:
+    """Shared machinery: one internal condition, waits that notice a departed caller."""
+
+    def __init__(self) -> None:
+        self._state = threading.Condition(threading.Lock())
+        with _live_lock:
+            _live.add(self)
+
+    def _wait_until(self, predicate: Callable[[], bool], deadline: Optional[float]) -> bool:
+        """Wait (holding ``self._state``) until ``predicate()``; False at the deadline.
+
+        Raises :class:`ClientGone` if the caller disconnected meanwhile.
+        """
+        while not predicate():
+            remaining = WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - time.monotonic())
+            if remaining <= 0:
+                return predicate()
+            self._state.wait(remaining)
+            if not predicate() and managers.caller_hung_up():
+                raise ClientGone("the client of this call disconnected")
+        return True
+
+    def _client_departed(self, ident: int) -> None:
+        """Undo what the departed client ``ident`` held (nothing by default)."""
+
+
+class Lock(_Robust):
+    """A non-recursive lock; any client may release it, as with ``multiprocessing.Lock``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._locked = False
+        self._holder: Optional[int] = None
+
+    def acquire(self, block: bool = True, timeout: Optional[float] = None) -> bool:
+        """Acquire; ``block=False`` tries once, ``timeout`` bounds the wait."""
+        with self._state:
+            if not self._wait_until(lambda: not self._locked, _deadline(block, timeout)):
+                return False
+            self._locked, self._holder = True, _caller()
+            return True
+
+    def release(self) -> None:
+        """Release (from any client); ``ValueError`` if it is not locked."""
+        with self._state:
+            if not self._locked:
+                raise ValueError("semaphore or lock released too many times")
+            self._locked, self._holder = False, None
+            self._state.notify()
+
+    def locked(self) -> bool:
+        """Whether the lock is held."""
+        return self._locked
+
+    def _is_owned(self) -> bool:
+        return self._locked and self._holder == _caller()
+
+    def _release_save(self) -> Any:
+        self.release()
+
+    def _acquire_restore(self, saved: Any) -> None:
+        self.acquire()
+
+    def _client_departed(self, ident: int) -> None:
+        with self._state:
+            if self._locked and self._holder == ident:
+                logger.warning("a process holding a lock disconnected; releasing the lock")
+                self._locked, self._holder = False, None
+                self._state.notify()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<fiberrl.robust.Lock {'locked' if self._locked else 'unlocked'}>"
+
+
+class RLock(_Robust):
+    """A recursive lock owned by the client (process and thread) that acquired it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._owner: Optional[int] = None
+        self._count = 0
+
+    def acquire(self, block: bool = True, timeout: Optional[float] = None) -> bool:
+        """Acquire (again, if the caller owns it already)."""
+        me = _caller()
+        with self._state:
+            if self._owner == me:
+                self._count += 1
+                return True
+            if not self._wait_until(lambda: self._owner is None, _deadline(block, timeout)):
+                return False
+            self._owner, self._count = me, 1
+            return True
+
+    def release(self) -> None:
+        """Release one level; ``AssertionError`` if the caller does not own it."""
+        with self._state:
+            if self._owner != _caller():
+                raise AssertionError("attempt to release recursive lock not owned by thread")
+            self._count -= 1
+            if self._count == 0:
+                self._owner = None
+                self._state.notify()
+
+    def _is_owned(self) -> bool:
+        return self._owner == _caller()
+
+    def _release_save(self) -> int:
+        with self._state:
+            if self._owner != _caller():
+                raise RuntimeError("cannot release un-acquired lock")
+            count, self._owner, self._count = self._count, None, 0
+            self._state.notify()
+            return count
+
+    def _acquire_restore(self, count: int) -> None:
+        self.acquire()
+        with self._state:
+            self._count = count
+
+    def _client_departed(self, ident: int) -> None:
+        with self._state:
+            if self._owner == ident:
+                logger.warning("a process holding an RLock disconnected; releasing the lock")
+                self._owner, self._count = None, 0
+                self._state.notify()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<fiberrl.robust.RLock owner={self._owner} count={self._count}>"
+
+
+class Semaphore(_Robust):
+    """A counting semaphore; permits a departed client still held are given back."""
+
+    def __init__(self, value: int = 1) -> None:
+        if value < 0:
+            raise ValueError("semaphore initial value must be >= 0")
+        super().__init__()
+        self._value = value
+        self._held: Dict[int, int] = collections.Counter()
+
+    def acquire(self, block: bool = True, timeout: Optional[float] = None) -> bool:
+        """Take one permit; ``block=False`` tries once, ``timeout`` bounds the wait."""
+        with self._state:
+            if not self._wait_until(lambda: self._value > 0, _deadline(block, timeout)):
+                return False
+            self._value -= 1
+            self._held[_caller()] += 1
+            return True
+
+    def release(self, n: int = 1) -> None:
+        """Give back ``n`` permits."""
+        if n < 1:
+            raise ValueError("n must be one or more")
+        with self._state:
+            self._check_release(n)
+            self._value += n
+            me = _caller()
+            self._held[me] = max(0, self._held[me] - n)
+            if not self._held[me]:
+                del self._held[me]
+            self._state.notify(n)
+
+    def _check_release(self, n: int) -> None:
+        """Refuse a release (BoundedSemaphore); the plain semaphore accepts any."""
+
+    def get_value(self) -> int:
+        """The number of free permits."""
+        return self._value
+
+    def _client_departed(self, ident: int) -> None:
+        with self._state:
+            held = self._held.pop(ident, 0)
+            if held:
+                logger.warning("a process holding %d semaphore permit(s) disconnected; "
+                               "giving them back", held)
+                self._value += held
+                self._state.notify(held)
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<fiberrl.robust.{type(self).__name__} value={self._value}>"
+
+
+class BoundedSemaphore(Semaphore):
+    """A semaphore that refuses to be released above its initial value."""
+
+    def __init__(self, value: int = 1) -> None:
+        super().__init__(value)
+        self._initial = value
+
+    def _check_release(self, n: int) -> None:
+        if self._value + n > self._initial:
+            raise ValueError("Semaphore released too many times")
+
+
+class Condition(_Robust):
+    """A condition variable over a robust ``Lock`` or ``RLock`` (a new RLock by default)."""
+
+    def __init__(self, lock: Any = None) -> None:
+        super().__init__()
+        if lock is not None and not isinstance(lock, (Lock, RLock)):
+            referent = managers.local_referent(lock)
+            if not isinstance(referent, (Lock, RLock)):
+                raise TypeError("Condition needs a lock from the same service (fiberrl.Lock() "
+                                "for fiberrl.Condition, manager.Lock() for manager.Condition)")
+            self._lock_proxy = lock  # keeps the lock alive on the server
+            lock = referent
+        self._lock = lock if lock is not None else RLock()
+        self._waiters: Deque[list] = collections.deque()  # [notified] flags, oldest first
+
+    def acquire(self, block: bool = True, timeout: Optional[float] = None) -> bool:
+        """Acquire the underlying lock."""
+        return self._lock.acquire(block, timeout)
+
+    def release(self) -> None:
+        """Release the underlying lock."""
+        self._lock.release()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Release the lock, wait for a notification (or the timeout), re-acquire it."""
+        if not self._lock._is_owned():
+            raise RuntimeError("cannot wait on un-acquired lock")
+        waiter = [False]
+        with self._state:
+            self._waiters.append(waiter)
+        saved = self._lock._release_save()
+        try:
+            deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+            with self._state:
+                try:
+                    notified = self._wait_until(lambda: waiter[0], deadline)
+                except ClientGone:
+                    self._forget(waiter)
+                    raise
+                if not notified:
+                    self._forget(waiter)
+            return notified
+        finally:
+            self._lock._acquire_restore(saved)
+
+    def _forget(self, waiter: list) -> None:
+        """Drop ``waiter``; a notification it got but cannot use goes to the next one."""
+        try:
+            self._waiters.remove(waiter)
+        except ValueError:
+            pass
+        if waiter[0]:
+            self._notify_locked(1)
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: Optional[float] = None) -> Any:
+        """Wait until ``predicate()`` is true (evaluated here, in the server)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        result = predicate()
+        while not result:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            self.wait(remaining)
+            result = predicate()
+        return result
+
+    def notify(self, n: int = 1) -> None:
+        """Wake up to ``n`` waiters (the caller must hold the lock)."""
+        if not self._lock._is_owned():
+            raise RuntimeError("cannot notify on un-acquired lock")
+        with self._state:
+            self._notify_locked(n)
+
+    def _notify_locked(self, n: int) -> None:
+        woken = 0
+        while self._waiters and woken < n:
+            self._waiters.popleft()[0] = True
+            woken += 1
+        if woken:
+            self._state.notify_all()
+
+    def notify_all(self) -> None:
+        """Wake every waiter."""
+        self.notify(len(self._waiters) or 1)
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+class Event(_Robust):
+    """A flag that processes can set, clear and wait for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._flag = False
+
+    def is_set(self) -> bool:
+        """Whether the flag is set."""
+        return self._flag
+
+    def set(self) -> None:
+        """Set the flag and wake every waiter."""
+        with self._state:
+            self._flag = True
+            self._state.notify_all()
+
+    def clear(self) -> None:
+        """Reset the flag."""
+        with self._state:
+            self._flag = False
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the flag is set; return the flag."""
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        with self._state:
+            return self._wait_until(lambda: self._flag, deadline)
+
+
+class Barrier(_Robust):
+    """``threading.Barrier`` for processes; broken if a waiting party disconnects.
+
+    ``action`` (if given) runs in the server, called by the last party to arrive.
+    """
+
+    def __init__(self, parties: int, action: Optional[Callable[[], Any]] = None,
+                 timeout: Optional[float] = None) -> None:
+        if parties < 1:
+            raise ValueError("parties must be >= 1")
+        super().__init__()
+        self._parties = parties
+        self._action = action
+        self._timeout = timeout
+        self._count = 0
+        self._generation = 0
+        self._broken = False
+        self._broken_generations: "set[int]" = set()
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """Wait for all parties; return this party's arrival index (0..parties-1)."""
+        if timeout is None:
+            timeout = self._timeout
+        with self._state:
+            if self._broken:
+                raise threading.BrokenBarrierError
+            generation, index = self._generation, self._count
+            self._count += 1
+            if self._count == self._parties:
+                self._trip()
+                return index
+            deadline = None if timeout is None else time.monotonic() + timeout
+            try:
+                passed = self._wait_until(
+                    lambda: self._generation != generation or self._broken, deadline)
+            except ClientGone:
+                logger.warning("a party waiting at a barrier disconnected; breaking the barrier")
+                self._break()
+                raise
+            if self._generation != generation and generation not in self._broken_generations:
+                return index
+            if not passed:
+                self._break()
+            raise threading.BrokenBarrierError
+
+    def _trip(self) -> None:
+        try:
+            if self._action is not None:
+                self._action()
+        except BaseException:
+            self._break()
+            raise
+        self._count = 0
+        self._generation += 1
+        self._state.notify_all()
+
+    def _break(self) -> None:
+        self._broken = True
+        self._state.notify_all()
+
+    def abort(self) -> None:
+        """Break the barrier: current and future waiters get ``BrokenBarrierError``."""
+        with self._state:
+            self._break()
+
+    def reset(self) -> None:
+        """Return to the initial state; parties waiting now get ``BrokenBarrierError``."""
+        with self._state:
+            if self._count or self._broken:
+                if self._count:
+                    self._broken_generations.add(self._generation)
+                    if len(self._broken_generations) > 1024:
+                        self._broken_generations.discard(min(self._broken_generations))
+                self._generation += 1
+            self._count = 0
+            self._broken = False
+            self._state.notify_all()
+
+    @property
+    def parties(self) -> int:
+        """The number of parties needed to pass."""
+        return self._parties
+
+    @property
+    def n_waiting(self) -> int:
+        """The number of parties waiting now."""
+        return self._count if not self._broken else 0
+
+    @property
+    def broken(self) -> bool:
+        """Whether the barrier is broken."""
+        return self._broken
