@@ -152,11 +152,10 @@ class Connection:
         _live.add(self)
 
     def _disconnect(self) -> None:
-        for sock in (self._monitor, self._outbox):
-            if sock is not None:
-                if sock is self._monitor:
-                    self._poller.unregister(sock)
-                sock.close(linger=0 if sock is self._monitor else 2000)
+        if self._monitor is not None:
+            self._poller.unregister(self._monitor)
+        if self._outbox is not None:
+            transport.close_monitored(self._outbox, self._monitor, 2000)
         self._outbox = self._monitor = self._peer_loc = None
 
     def _connect(self, loc: dict) -> None:
@@ -167,7 +166,7 @@ class Connection:
         if same_process:
             outbox.connect(loc["inproc"])  # same process: delivered at once
         else:
-            self._monitor = outbox.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            self._monitor = transport.monitor_socket(outbox, zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
             self._poller.register(self._monitor, zmq.POLLIN)
             outbox.connect(loc["tcp"])
         # until the connection is confirmed, keep asking the rendezvous about the peer

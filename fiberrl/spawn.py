@@ -31,7 +31,7 @@ def _watch_parent(address: str, grace: float, sentinel_write: int) -> None:
     sock = transport.context().socket(zmq.DEALER)
     transport.configure_peer_socket(sock)
     sock.setsockopt(zmq.LINGER, 0)
-    monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+    monitor = transport.monitor_socket(sock, zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
     sock.connect(address)
     try:
         _watch_loop(monitor, address, grace, sentinel_write)

@@ -28,6 +28,7 @@ import socket as _socket
 import struct
 import threading
 import time
+import weakref
 from hashlib import sha256
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -103,6 +104,12 @@ def flush_and_close(linger: float = 5.0) -> None:
     with _state_lock:
         ctx, _context = _context, None
     if ctx is not None and _context_pid == os.getpid():
+        for sock in list(_monitored):
+            if not sock.closed:
+                try:
+                    sock.disable_monitor()  # else closing it could block the I/O thread
+                except zmq.ZMQError:
+                    pass
         ctx.destroy(linger=int(linger * 1000))
 
 
@@ -130,6 +137,54 @@ def recv(sock: zmq.Socket, router: bool = False, flags: int = 0):
     if checked is None:
         return None
     return (identity, *checked) if router else checked
+
+
+_monitor_ids = itertools.count()
+_monitored: "weakref.WeakSet[zmq.Socket]" = weakref.WeakSet()
+
+
+def monitor_socket(sock: zmq.Socket, events: int) -> zmq.Socket:
+    """A PAIR socket receiving ``sock``'s connection events.
+
+    ZeroMQ's I/O thread *blocks* (and with it every socket of the process) when it
+    emits an event that its monitor cannot take: when the queue is full, or when
+    the reading end was closed while ``sock`` lives on. So the queue here is
+    unbounded, and a monitor must be closed with :func:`close_monitored`, which
+    stops the events first.
+    """
+    address = f"inproc://fiberrl-monitor-{os.getpid()}-{next(_monitor_ids)}"
+    sock.monitor(address, events)
+    _monitored.add(sock)
+    monitor = context().socket(zmq.PAIR)
+    monitor.setsockopt(zmq.RCVHWM, 0)  # with RCVHWM 0 the inproc pipe has no limit
+    monitor.connect(address)
+    return monitor
+
+
+def close_monitored(sock: zmq.Socket, monitor: Optional[zmq.Socket], linger: int) -> None:
+    """Close a monitored socket and its monitor, stopping the events first."""
+    if monitor is not None:
+        try:
+            sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        monitor.close(linger=0)
+    sock.close(linger=linger)
+
+
+class _MonitoredPair:
+    """Closes a socket and its monitor in a safe order when the last reference goes
+    (a thread-local's attributes are dropped in no particular order)."""
+
+    def __init__(self, sock: zmq.Socket, monitor: zmq.Socket, linger: int) -> None:
+        self.sock, self.monitor, self.linger = sock, monitor, linger
+
+    def __del__(self) -> None:
+        try:
+            if not self.sock.closed:
+                close_monitored(self.sock, self.monitor, self.linger)
+        except Exception:
+            pass
 
 
 def monitor_event(monitor: zmq.Socket) -> int:
@@ -204,9 +259,10 @@ class HubClient:
             sock = context().socket(zmq.DEALER)
             configure_peer_socket(sock)
             sock.setsockopt(zmq.LINGER, 2000)
-            monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            monitor = monitor_socket(sock, zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
             sock.connect(self.address)
             local.sock, local.monitor, local.pid = sock, monitor, os.getpid()
+            local.closer = _MonitoredPair(sock, monitor, 2000)
             local.connected, local.lost_since = False, time.monotonic()
         return local
 
