@@ -78,6 +78,7 @@ class _Channel:
         self.conn = managers.open_connection(token.address, proxy._authkey, proxy._serializer)
         name = f"{threading.current_thread().name}|async"
         managers.dispatch(self.conn, None, "accept_connection", (name,))
+        self.conn.mark_serving()
         self.lock = threading.Lock()
         self.pending: Deque[concurrent.futures.Future] = collections.deque()
         self.failure: Optional[BaseException] = None

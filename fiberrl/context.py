@@ -25,6 +25,7 @@ class FiberContext:
     TaskRetryError = errors.TaskRetryError
     TaskDeserializationError = errors.TaskDeserializationError
     PoolTerminatedError = errors.PoolTerminatedError
+    ManagerConnectionError = errors.ManagerConnectionError
 
     def __init__(self, start_method: str = "spawn") -> None:
         self._start_method = start_method

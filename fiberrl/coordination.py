@@ -20,6 +20,15 @@ from . import managers, robust, sharedctypes
 
 _SEMAPHORE_EXPOSED = managers.SemaphoreProxy._exposed_
 
+
+class EventProxy(managers.EventProxy):
+    """``fiberrl.Event()``: shows its state in its repr, as ``multiprocessing.Event`` does."""
+
+    def __repr__(self) -> str:
+        state = "set" if self.is_set() else "unset"
+        return f"<Event at {id(self):#x} {state}>"
+
+
 #: typeid -> (factory, exposed methods, method_to_typeid, proxy type), as a manager registry
 REGISTRY: Dict[str, Tuple[Any, Any, Any, type]] = {
     "Lock": (robust.Lock, managers.AcquirerProxy._exposed_, None, managers.AcquirerProxy),
@@ -29,7 +38,7 @@ REGISTRY: Dict[str, Tuple[Any, Any, Any, type]] = {
                          managers.SemaphoreProxy),
     "Condition": (robust.Condition, managers.ConditionProxy._exposed_, None,
                   managers.ConditionProxy),
-    "Event": (robust.Event, managers.EventProxy._exposed_, None, managers.EventProxy),
+    "Event": (robust.Event, EventProxy._exposed_, None, EventProxy),
     "Barrier": (robust.Barrier, managers.BarrierProxy._exposed_, None, managers.BarrierProxy),
     "ValueCell": (sharedctypes.ValueCell, sharedctypes.ValueCellProxy._exposed_, None,
                   sharedctypes.ValueCellProxy),

@@ -26,6 +26,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 import xmlrpc.client
 from multiprocessing import connection as mp_connection
 from multiprocessing import managers as mp_managers
@@ -96,20 +97,36 @@ def _set_io_timeout(sock: socket.socket, seconds: float) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
 
 
+#: what a client sends before it closes a connection on purpose (see ``ServerConnection.close``)
+GOODBYE = ("#FIBERRL-GOODBYE",)
+
+
 class ManagedConnection:
-    """A stdlib ``Connection`` whose objects are encoded with a manager's serializer."""
+    """A stdlib ``Connection`` whose objects are encoded with a manager's serializer.
+
+    On the server's side, ``said_goodbye`` records that the client closed the
+    connection on purpose rather than dying.
+    """
 
     def __init__(self, conn: mp_connection.Connection, serializer: str) -> None:
         self._conn = conn
         self._encode, self._decode = _codec(serializer)
+        self.said_goodbye = False
 
     def send(self, obj: Any) -> None:
         """Send one object."""
         self._conn.send_bytes(self._encode(obj))
 
     def recv(self) -> Any:
-        """Receive one object (only ever called after the peer authenticated)."""
-        return self._decode(self._conn.recv_bytes())
+        """Receive one object (only ever called after the peer authenticated).
+
+        A goodbye ends the conversation as end of file does.
+        """
+        obj = self._decode(self._conn.recv_bytes())
+        if obj == GOODBYE:
+            self.said_goodbye = True
+            raise EOFError("the client closed the connection")
+        return obj
 
     def send_bytes(self, data: bytes) -> None:
         """Send raw bytes (the authentication handshake)."""
@@ -151,11 +168,39 @@ class ManagedConnection:
 
 
 class ServerConnection(ManagedConnection):
-    """The client's end: transport failures become :class:`ManagerConnectionError`."""
+    """The client's end: transport failures become :class:`ManagerConnectionError`.
+
+    A connection a server thread serves (``serving``) says goodbye when it is closed
+    on purpose (by the proxies' bookkeeping, when this process exits normally, or
+    when its thread ends), so the server keeps what this client holds, as the
+    stdlib does. A client that dies says nothing, and the server releases it.
+    """
 
     def __init__(self, conn: mp_connection.Connection, serializer: str, address: Any) -> None:
         super().__init__(conn, serializer)
         self.address = address
+        self.serving = False
+
+    def mark_serving(self) -> None:
+        """Record that a server thread now serves this connection."""
+        self.serving = True
+        _serving_connections.add(self)
+        _close_serving_connections_at_exit()
+
+    def close(self) -> None:
+        if self.serving and not self._conn.closed:
+            self.serving = False
+            try:
+                self._conn.send_bytes(self._encode(GOODBYE))
+            except (OSError, EOFError):
+                pass
+        self._conn.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
 
     def _gone(self, exc: BaseException) -> ManagerConnectionError:
         return ManagerConnectionError(
@@ -175,6 +220,24 @@ class ServerConnection(ManagedConnection):
         except (OSError, EOFError) as exc:
             raise self._gone(exc) from exc
         return self._decode(data)
+
+
+_serving_connections: "weakref.WeakSet[ServerConnection]" = weakref.WeakSet()
+_exit_hook_pid: Optional[int] = None
+
+
+def _close_serving_connections_at_exit() -> None:
+    """Once per process: when it exits normally, its connections say goodbye (before
+    the stdlib's own exit finalizers, which run at priority 10)."""
+    global _exit_hook_pid
+    if _exit_hook_pid != os.getpid():
+        _exit_hook_pid = os.getpid()
+        mp_util.Finalize(None, _close_serving_connections, exitpriority=100)
+
+
+def _close_serving_connections() -> None:
+    for conn in list(_serving_connections):
+        conn.close()
 
 
 def open_connection(address: Any, authkey: Optional[bytes] = None, serializer: str = "pickle",
@@ -333,6 +396,8 @@ class Server(mp_managers.Server):
             super().serve_client(conn)
         finally:
             _serving.conn = None
+            if conn.said_goodbye:
+                return  # closed on purpose: what the client holds stays held
             ident = threading.get_ident()
             for listener in list(_departure_listeners):
                 try:
@@ -375,6 +440,10 @@ class _FiberrlProxy:
     def _Client(self, stdlib_client):
         """``BaseProxy.__init__`` assigns the stdlib's client; fiberrl's is used instead."""
 
+    def _connect(self) -> None:
+        super()._connect()
+        self._tls.connection.mark_serving()
+
     def __reduce__(self):
         reduced = super().__reduce__()
         if getattr(self, "_isauto", False):
@@ -406,7 +475,11 @@ ValueProxy = _fiberrl_proxy(mp_managers.ValueProxy)
 ListProxy = _fiberrl_proxy(mp_managers.ListProxy)
 DictProxy = _fiberrl_proxy(mp_managers.DictProxy)
 ArrayProxy = _fiberrl_proxy(mp_managers.ArrayProxy, {"__iter__": _iterate_all})
-PoolProxy = _fiberrl_proxy(mp_managers.PoolProxy)
+PoolProxy = _fiberrl_proxy(mp_managers.PoolProxy, {
+    "_exposed_": mp_managers.PoolProxy._exposed_ + ("stats", "resize"),
+    "stats": lambda self: self._callmethod("stats"),
+    "resize": lambda self, processes: self._callmethod("resize", (processes,)),
+})
 
 
 
@@ -598,6 +671,8 @@ def _register_sync_types() -> None:
         if typeid == "Pool":
             factory = _pool_factory
         factory = robust_types.get(typeid, factory)
+        if typeid == "Pool":
+            exposed = PoolProxy._exposed_
         if typeid in ("Semaphore", "BoundedSemaphore"):
             proxytype, exposed = SemaphoreProxy, SemaphoreProxy._exposed_
         SyncManager.register(typeid, factory, proxytype, exposed, method_to_typeid,

@@ -41,6 +41,11 @@ _live: "weakref.WeakSet[_Robust]" = weakref.WeakSet()
 _live_lock = threading.Lock()
 
 
+class UnlockedReleaseError(ValueError, RuntimeError):
+    """Releasing a lock that is not locked: the ``ValueError`` of ``multiprocessing.Lock``
+    and the ``RuntimeError`` of ``threading.Lock`` (and so of manager locks) at once."""
+
+
 class ClientGone(ConnectionAbortedError):
     """The client a blocked call was made for disconnected; the call is abandoned."""
 
@@ -114,7 +119,7 @@ class Lock(_Robust):
         """Release (from any client); ``ValueError`` if it is not locked."""
         with self._state:
             if not self._locked:
-                raise ValueError("semaphore or lock released too many times")
+                raise UnlockedReleaseError("semaphore or lock released too many times")
             self._locked, self._holder = False, None
             self._state.notify()
 
@@ -317,6 +322,8 @@ class Condition(_Robust):
             with self._state:
                 try:
                     notified = self._wait_until(lambda: waiter[0], deadline)
+                    if notified and managers.caller_hung_up():
+                        raise ClientGone("the client of this call disconnected")
                 except ClientGone:
                     self._forget(waiter)
                     raise
