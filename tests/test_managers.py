@@ -1,0 +1,222 @@
+"""fiberrl.Manager and fiberrl.managers.BaseManager: servers that are jobs, proxies
+shared by processes, a server killed mid-use, and unauthenticated clients."""
+import os
+import pickle
+import signal
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+import fiberrl
+from fiberrl.asyncproxy import AsyncManager, asynchronous, gather
+from fiberrl.managers import BaseManager, open_connection
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class Counter:
+    """A plain object to live in a manager server."""
+
+    def __init__(self, start=0):
+        self.total = start
+
+    def add(self, n):
+        self.total += n
+        return self.total
+
+    def fail(self):
+        raise KeyError("no such thing")
+
+    def where(self):
+        return os.environ.get("FIBERRL_JOB_NAME")
+
+
+class CounterManager(BaseManager):
+    """A manager with one registered type."""
+
+
+CounterManager.register("Counter", Counter)
+
+
+class AsyncCounterManager(AsyncManager):
+    """The same type, created as asynchronous proxies."""
+
+
+AsyncCounterManager.register("Counter", Counter)
+
+
+def _use_shared(shared, counter, queue):
+    shared["child"] = os.getpid()
+    shared_list = shared["list"]
+    shared_list.append("from child")
+    queue.put(counter.add(5))
+
+
+def test_manager_objects_are_shared_with_jobs():
+    with fiberrl.Manager() as manager:
+        assert manager._process.job_id.startswith("local-")
+        shared = manager.dict()
+        shared["list"] = manager.list(["from parent"])
+        queue = manager.Queue()
+        with CounterManager() as counters:
+            counter = counters.Counter(10)
+            proc = fiberrl.Process(target=_use_shared, args=(shared, counter, queue))
+            proc.start()
+            assert queue.get(timeout=60) == 15
+            proc.join(30)
+            assert proc.exitcode == 0
+            assert shared["child"] == proc.pid
+            assert list(shared["list"]) == ["from parent", "from child"]
+            assert counter.where().startswith("CounterManager")  # it runs in the server job
+
+
+def test_manager_address_is_tcp_and_reachable():
+    with CounterManager(address=("0.0.0.0", 0)) as manager:
+        host, port = manager.address
+        assert host != "0.0.0.0" and port > 0  # a wildcard bind reports a routable address
+        assert manager.Counter().add(1) == 1
+
+
+def _connect_and_add(address, authkey, results):
+    manager = CounterManager(address=address, authkey=authkey)
+    manager.connect()
+    results.put(manager.Counter(100).add(1))
+
+
+def test_connect_from_another_process_with_the_authkey():
+    authkey = os.urandom(16)
+    with CounterManager(authkey=authkey) as manager:
+        results = fiberrl.Queue()
+        proc = fiberrl.Process(target=_connect_and_add, args=(manager.address, authkey, results))
+        proc.start()
+        assert results.get(timeout=60) == 101
+        proc.join(30)
+
+
+def test_remote_exception_keeps_its_type():
+    with CounterManager() as manager:
+        with pytest.raises(KeyError, match="no such thing"):
+            manager.Counter().fail()
+
+
+def test_server_killed_mid_use_raises_a_clear_error():
+    manager = fiberrl.Manager()
+    shared = manager.dict(a=1)
+    queue = manager.Queue()
+    blocked_error = []
+
+    def blocked_get():
+        try:
+            queue.get()
+        except Exception as exc:
+            blocked_error.append(exc)
+
+    waiter = threading.Thread(target=blocked_get)
+    waiter.start()
+    time.sleep(0.5)
+    os.kill(manager._process.pid, signal.SIGKILL)
+    waiter.join(30)
+    assert not waiter.is_alive(), "a call blocked in the server hung after it died"
+    assert isinstance(blocked_error[0], fiberrl.ManagerConnectionError)
+    started = time.monotonic()
+    with pytest.raises(fiberrl.ManagerConnectionError, match="is gone|cannot connect"):
+        shared["a"]
+    with pytest.raises(EOFError):  # what stdlib code catches keeps working
+        shared["a"]
+    assert time.monotonic() - started < 10
+    manager.shutdown()
+    manager.join(10)
+
+
+def test_wrong_authkey_is_refused():
+    with CounterManager() as manager:
+        with pytest.raises(fiberrl.AuthenticationError):
+            open_connection(manager.address, authkey=b"not the run's key")
+        assert manager.Counter().add(2) == 2  # the server is unharmed
+
+
+class _Trap:
+    """Unpickling this would create ``path``: proof that a payload was unpickled."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def test_unauthenticated_bytes_are_never_unpickled(tmp_path):
+    trap_file = tmp_path / "unpickled"
+    payload = pickle.dumps(_Trap(str(trap_file)))
+    with CounterManager() as manager:
+        with socket.create_connection(manager.address, timeout=10) as sock:
+            sock.sendall(struct.pack("!i", len(payload)) + payload)
+            sock.settimeout(10)
+            try:
+                while sock.recv(4096):  # the server challenges, then hangs up on us
+                    pass
+            except OSError:
+                pass
+        time.sleep(0.5)
+        assert not trap_file.exists()
+        assert manager.Counter().add(3) == 3
+
+
+def _failing_initializer():
+    raise RuntimeError("cannot start")
+
+
+def test_server_that_fails_to_start_raises_instead_of_hanging():
+    manager = CounterManager()
+    with pytest.raises(fiberrl.ProcessError, match="exited with code 1"):
+        manager.start(initializer=_failing_initializer)
+
+
+def test_lambda_arguments_travel_by_value():
+    with fiberrl.Manager() as manager:
+        shared = manager.list([3, 1, 2])
+        shared.sort(key=lambda x: -x)
+        assert list(shared) == [3, 2, 1]
+
+
+def test_async_calls_return_futures_in_order():
+    with AsyncCounterManager() as manager:
+        counter = manager.Counter()
+        futures = [counter.add(1) for _ in range(50)]
+        assert gather(futures, timeout=60) == list(range(1, 51))
+        with pytest.raises(KeyError):
+            counter.fail().result(timeout=30)
+        with pytest.raises(AttributeError):
+            counter.no_such_method
+        assert counter.sync.add(0) == 50
+
+
+def test_asynchronous_wraps_any_proxy_and_fails_futures_when_the_server_dies():
+    manager = fiberrl.Manager()
+    queue = asynchronous(manager.Queue())
+    pending = queue.get()  # blocks in the server until the server dies
+    os.kill(manager._process.pid, signal.SIGKILL)
+    with pytest.raises(fiberrl.ManagerConnectionError):
+        pending.result(timeout=30)
+    queue.close()
+    manager.shutdown()
+    manager.join(10)
+
+
+def test_manager_lock_held_by_a_dead_process_is_released():
+    with fiberrl.Manager() as manager:
+        lock = manager.Lock()
+        proc = fiberrl.Process(target=_lock_and_die, args=(lock,))
+        proc.start()
+        proc.join(60)
+        assert proc.exitcode == 7
+        assert lock.acquire(timeout=15)
+        lock.release()
+
+
+def _lock_and_die(lock):
+    lock.acquire()
+    os._exit(7)

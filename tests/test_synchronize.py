@@ -1,0 +1,217 @@
+"""fiberrl.Lock, RLock, Semaphore, Condition, Event, Barrier, Value and Array across
+job-backed processes, and what happens when a process using one dies."""
+import os
+import threading
+import time
+
+import pytest
+
+import fiberrl
+from fiberrl.managers import local_referent
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _hold_and_die(lock, acquired):
+    lock.acquire()
+    acquired.set()
+    time.sleep(0.2)
+    os._exit(3)  # dies holding the lock, without releasing anything
+
+
+@pytest.mark.parametrize("kind", ["Lock", "RLock"])
+def test_lock_held_by_a_dead_process_is_released(kind):
+    lock = getattr(fiberrl, kind)()
+    acquired = fiberrl.Event()
+    proc = fiberrl.Process(target=_hold_and_die, args=(lock, acquired))
+    proc.start()
+    assert acquired.wait(60)
+    assert not lock.acquire(timeout=0.05)  # really held by the child
+    started = time.monotonic()
+    assert lock.acquire(timeout=30), "the dead process's lock was never released"
+    waited = time.monotonic() - started
+    lock.release()
+    proc.join(10)
+    assert proc.exitcode == 3
+    assert waited < 10
+
+
+def _take_permits_and_die(sem, taken):
+    sem.acquire()
+    sem.acquire()
+    taken.set()
+    os._exit(0)
+
+
+def test_semaphore_permits_of_a_dead_process_are_given_back():
+    sem = fiberrl.BoundedSemaphore(3)
+    taken = fiberrl.Event()
+    proc = fiberrl.Process(target=_take_permits_and_die, args=(sem, taken))
+    proc.start()
+    assert taken.wait(60)
+    proc.join(30)
+    deadline = time.monotonic() + 10
+    while sem.get_value() != 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sem.get_value() == 3
+
+
+def _wait_at_barrier(barrier, results):
+    try:
+        barrier.wait()
+        results.put("passed")
+    except threading.BrokenBarrierError:
+        results.put("broken")
+
+
+def test_barrier_breaks_when_a_waiting_party_dies():
+    barrier = fiberrl.Barrier(3, timeout=60)
+    results = fiberrl.Queue()
+    waiter = fiberrl.Process(target=_wait_at_barrier, args=(barrier, results))
+    doomed = fiberrl.Process(target=_wait_at_barrier, args=(barrier, results))
+    waiter.start()
+    doomed.start()
+    deadline = time.monotonic() + 60
+    while barrier.n_waiting < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert barrier.n_waiting == 2
+    doomed.kill()
+    doomed.join(10)
+    assert results.get(timeout=30) == "broken"  # not a 60 s wait for the timeout
+    assert barrier.broken
+    with pytest.raises(threading.BrokenBarrierError):
+        barrier.wait(timeout=1)
+    waiter.join(10)
+
+
+def _wait_on_condition(cond, results, tag):
+    with cond:
+        notified = cond.wait(timeout=30)
+    results.put((tag, notified))
+
+
+def test_condition_notify_skips_a_dead_waiter():
+    cond = fiberrl.Condition()
+    results = fiberrl.Queue()
+    doomed = fiberrl.Process(target=_wait_on_condition, args=(cond, results, "doomed"))
+    doomed.start()
+    referent = local_referent(cond)
+    deadline = time.monotonic() + 60
+    while len(referent._waiters) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    survivor = fiberrl.Process(target=_wait_on_condition, args=(cond, results, "survivor"))
+    survivor.start()
+    while len(referent._waiters) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(referent._waiters) == 2
+    doomed.kill()
+    doomed.join(10)
+    with cond:
+        cond.notify()  # the oldest waiter is dead: the survivor must get it
+    assert results.get(timeout=20) == ("survivor", True)
+    survivor.join(10)
+
+
+def _add(counter, numbers, times):
+    for i in range(times):
+        with counter.get_lock():
+            counter.value += 1
+        numbers[i % len(numbers)] = i
+
+
+def test_value_and_array_are_shared_by_processes():
+    counter = fiberrl.Value("i", 0)
+    numbers = fiberrl.Array("d", 4)
+    procs = [fiberrl.Process(target=_add, args=(counter, numbers, 25)) for _ in range(3)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+    assert [proc.exitcode for proc in procs] == [0, 0, 0]
+    assert counter.value == 75
+    assert list(numbers) == [24.0, 21.0, 22.0, 23.0]
+
+
+def test_value_keeps_ctypes_semantics():
+    small = fiberrl.Value("h", 0)
+    small.value = 40000  # wraps as a C short does
+    assert small.value == 40000 - 65536
+    text = fiberrl.Array("c", b"hello\0\0\0")
+    assert text.value == b"hello"
+    assert len(text) == 8
+    raw = fiberrl.RawArray("i", [1, 2, 3])
+    raw[0:2] = [7, 8]
+    assert list(raw) == [7, 8, 3]
+    assert not hasattr(raw, "get_lock")
+
+
+def _echo_through(queue_in, queue_out):
+    lock, event = queue_in.get(timeout=30)
+    with lock:
+        event.set()
+    queue_out.put("done")
+
+
+def test_primitives_travel_through_a_queue():
+    lock, event = fiberrl.Lock(), fiberrl.Event()
+    queue_in, queue_out = fiberrl.Queue(), fiberrl.Queue()
+    proc = fiberrl.Process(target=_echo_through, args=(queue_in, queue_out))
+    proc.start()
+    queue_in.put((lock, event))
+    assert queue_out.get(timeout=60) == "done"
+    assert event.is_set()
+    assert lock.acquire(timeout=5)
+    lock.release()
+    proc.join(10)
+
+
+def _release_foreign(lock, results):
+    try:
+        lock.release()
+        results.put("released")
+    except AssertionError:
+        results.put("refused")
+
+
+def test_rlock_refuses_release_by_another_process_and_lock_allows_it():
+    rlock, lock, results = fiberrl.RLock(), fiberrl.Lock(), fiberrl.Queue()
+    rlock.acquire()
+    lock.acquire()
+    for target in (rlock, lock):
+        proc = fiberrl.Process(target=_release_foreign, args=(target, results))
+        proc.start()
+        proc.join(60)
+    assert [results.get(timeout=10), results.get(timeout=10)] == ["refused", "released"]
+    rlock.release()
+    with pytest.raises(ValueError):
+        lock.release()  # already released by the child
+
+
+def test_bad_arguments_fail_at_the_call():
+    with pytest.raises(ValueError):
+        fiberrl.Semaphore(-1)
+    with pytest.raises(ValueError):
+        fiberrl.Barrier(0)
+    with pytest.raises(TypeError):
+        fiberrl.Value("z", 1)
+    with pytest.raises(AttributeError):
+        fiberrl.Value("i", 1, lock="not a lock")
+    with pytest.raises(TypeError):
+        fiberrl.Condition(lock=fiberrl.Semaphore())
+
+
+def _acquire_and_return(lock):
+    lock.acquire()  # and exits normally, still holding it
+
+
+def test_lock_kept_by_a_process_that_exits_normally_stays_held():
+    """As in multiprocessing: only a process that dies has its lock released."""
+    lock = fiberrl.Lock()
+    proc = fiberrl.Process(target=_acquire_and_return, args=(lock,))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
+    time.sleep(0.5)
+    assert not lock.acquire(timeout=0.5)
+    lock.release()  # handed over: any process may release a Lock
+    assert lock.acquire(timeout=5)
