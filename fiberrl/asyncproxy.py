@@ -40,11 +40,12 @@ class _Receiver:
         self._thread.start()
 
     def watch(self, channel: "_Channel") -> None:
-        self._selector.register(channel.conn.fileno(), selectors.EVENT_READ, channel)
+        self._selector.register(channel.fd, selectors.EVENT_READ, channel)
 
     def forget(self, channel: "_Channel") -> None:
+        """Stop watching ``channel`` (call before its connection is closed)."""
         try:
-            self._selector.unregister(channel.conn.fileno())
+            self._selector.unregister(channel.fd)
         except (KeyError, ValueError, OSError):
             pass
 
@@ -79,6 +80,7 @@ class _Channel:
         name = f"{threading.current_thread().name}|async"
         managers.dispatch(self.conn, None, "accept_connection", (name,))
         self.conn.mark_serving()
+        self.fd = self.conn.fileno()
         self.lock = threading.Lock()
         self.pending: Deque[concurrent.futures.Future] = collections.deque()
         self.failure: Optional[BaseException] = None
@@ -134,14 +136,14 @@ class _Channel:
         return proxy
 
     def _fail(self, exc: BaseException) -> None:
-        """Fail every call in flight (the lock is held)."""
+        """Fail every call in flight and close (the lock is held)."""
         self.failure = exc
         while self.pending:
             self.pending.popleft().set_exception(exc)
+        _the_receiver().forget(self)  # before the descriptor can be reused
         self.conn.close()
 
     def close(self) -> None:
-        _the_receiver().forget(self)
         with self.lock:
             if self.failure is None:
                 self._fail(ManagerConnectionError("this asynchronous proxy was closed"))
@@ -155,29 +157,35 @@ class AsyncProxy:
     """
 
     def __init__(self, proxy: Any) -> None:
+        self._channel = None
         if not isinstance(proxy, mp_managers.BaseProxy):
             raise TypeError(f"AsyncProxy wraps a manager proxy, not {type(proxy).__name__}")
         self.sync = proxy
         self._exposed = frozenset(getattr(proxy, "_exposed_", ()))
-        self._channel: Optional[_Channel] = None
         self._channel_lock = threading.Lock()
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
-        """Call ``method`` on the remote object; return a future of its result."""
+    def _callmethod(self, method: str, args: tuple = (), kwds: Optional[dict] = None
+                    ) -> concurrent.futures.Future:
+        """Call ``method`` on the remote object; return a future of its result
+        (the stdlib proxies' ``_callmethod``, asynchronous)."""
         with self._channel_lock:
             if self._channel is None:
                 self._channel = _Channel(self.sync)
             channel = self._channel
-        return channel.call(method, args, kwargs)
+        return channel.call(method, tuple(args), dict(kwds or {}))
+
+    def _forward(self, method: str, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        return self._callmethod(method, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name not in self._exposed:
             raise AttributeError(f"{type(self.sync).__name__} exposes no method {name!r} "
                                  f"(exposed: {sorted(self._exposed)})")
-        return functools.partial(self.call, name)
+        return functools.partial(self._forward, name)
 
-    def close(self) -> None:
-        """Close this proxy's connection; calls still in flight fail."""
+    def _close(self) -> None:
+        """Close this proxy's connection; calls still in flight fail. (Remote methods
+        named ``close`` or ``call`` are forwarded like any other.)"""
         with self._channel_lock:
             if self._channel is not None:
                 self._channel.close()

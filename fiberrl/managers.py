@@ -26,6 +26,7 @@ import socket
 import struct
 import threading
 import time
+import traceback
 import weakref
 import xmlrpc.client
 from multiprocessing import connection as mp_connection
@@ -286,8 +287,53 @@ def open_connection(address: Any, authkey: Optional[bytes] = None, serializer: s
     return ServerConnection(raw, serializer, address)
 
 
+class _LoopbackConnection:
+    """A one-request "connection" to a server running in this process, served in the
+    calling thread. The proxies' bookkeeping (incref, decref, create...) runs from
+    garbage-collection finalizers in any thread, including one the server's own
+    accept loop is waiting to start; a socket there could deadlock the process.
+    """
+
+    def __init__(self, server: "Server") -> None:
+        self._server = server
+        self._reply: Any = None
+        self._in_call = False
+
+    def send(self, obj: Any) -> None:
+        """Run a request; while it runs, a send is the server's reply (``shutdown``)."""
+        if self._in_call:
+            self._reply = obj
+            return
+        _ignored, funcname, args, kwds = obj
+        self._in_call = True
+        try:
+            if funcname not in self._server.public or funcname == "accept_connection":
+                raise ValueError(f"{funcname!r} cannot be run in this process's own server")
+            result = getattr(self._server, funcname)(self, *args, **kwds)
+        except Exception:
+            reply = ("#TRACEBACK", traceback.format_exc())
+        else:
+            reply = ("#RETURN", result)
+        finally:
+            self._in_call = False
+        if self._reply is None:
+            self._reply = reply
+
+    def recv(self) -> Any:
+        """The reply to the request just run."""
+        reply, self._reply = self._reply, None
+        return reply
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
 class ClientFactory:
-    """``Client(address, authkey=...)`` for one serializer, as the stdlib's managers call it."""
+    """``Client(address, authkey=...)`` for one serializer, as the stdlib's managers call it.
+
+    A server running in this process is reached without a socket (see
+    :class:`_LoopbackConnection`); proxies' own method calls always use a socket.
+    """
 
     _instances: Dict[str, "ClientFactory"] = {}
 
@@ -303,7 +349,11 @@ class ClientFactory:
             factory = cls._instances[serializer] = cls(serializer)
         return factory
 
-    def __call__(self, address: Any, authkey: Optional[bytes] = None) -> ServerConnection:
+    def __call__(self, address: Any, authkey: Optional[bytes] = None) -> Any:
+        with _servers_lock:
+            server = _servers.get(address)
+        if server is not None and not server.stop_event.is_set():
+            return _LoopbackConnection(server)
         return open_connection(address, authkey, self.serializer)
 
 
@@ -369,6 +419,8 @@ class Server(mp_managers.Server):
         if isinstance(self.address, tuple) and self.address[0] in ("0.0.0.0", "", "::"):
             self.address = (transport.default_listen_host(), self.address[1])
         self.stop_event = threading.Event()
+        # re-entrant: a finalizer may drop a reference while this thread holds it
+        self.mutex = threading.RLock()
         with _servers_lock:
             _servers[self.address] = self
 
@@ -441,8 +493,14 @@ class _FiberrlProxy:
         """``BaseProxy.__init__`` assigns the stdlib's client; fiberrl's is used instead."""
 
     def _connect(self) -> None:
-        super()._connect()
-        self._tls.connection.mark_serving()
+        """Open this thread's connection, served by a thread of its own in the server."""
+        name = mp_process.current_process().name
+        if threading.current_thread().name != "MainThread":
+            name += "|" + threading.current_thread().name
+        conn = open_connection(self._token.address, self._authkey, self._serializer)
+        dispatch(conn, None, "accept_connection", (name,))
+        conn.mark_serving()
+        self._tls.connection = conn
 
     def __reduce__(self):
         reduced = super().__reduce__()

@@ -81,10 +81,19 @@ def dumps(obj: Any) -> Frames:
 
 
 def dumps_inband(obj: Any) -> bytes:
-    """One pickle holding everything (for byte-stream connections such as the managers')."""
-    if _is_plain(obj):
-        return pickle.dumps(obj, protocol=5)
-    return cloudpickle.dumps(obj, protocol=5)
+    """One pickle holding everything (for byte-stream connections such as the managers').
+
+    Plain pickle first (the managers' small messages spend most of their time here);
+    cloudpickle when pickle cannot, or when the pickle names ``__main__``, whose
+    functions and classes the receiving job could not import by name.
+    """
+    try:
+        data = pickle.dumps(obj, protocol=5)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return cloudpickle.dumps(obj, protocol=5)
+    if b"__main__" in data or b"__mp_main__" in data:
+        return cloudpickle.dumps(obj, protocol=5)
+    return data
 
 
 class _DataPickler(cloudpickle.Pickler):

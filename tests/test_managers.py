@@ -201,7 +201,7 @@ def test_asynchronous_wraps_any_proxy_and_fails_futures_when_the_server_dies():
     os.kill(manager._process.pid, signal.SIGKILL)
     with pytest.raises(fiberrl.ManagerConnectionError):
         pending.result(timeout=30)
-    queue.close()
+    queue._close()
     manager.shutdown()
     manager.join(10)
 
