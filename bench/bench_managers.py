@@ -12,7 +12,8 @@ Libraries (the table's columns):
   on a Unix socket per operation, the fair comparison;
 - ``fiberrl``: ``fiberrl.Manager()`` objects, ``fiberrl.Lock()``/``Event()`` (served by
   the coordination thread of this process), fiberrl managers for the envs: one
-  request/reply on TCP per operation.
+  request/reply per operation, on an abstract Unix socket between processes of one
+  host (TCP between hosts).
 
 Measures:
 
@@ -360,7 +361,7 @@ def m_envs(quick: bool, stack: contextlib.ExitStack, errors: Dict[str, str]) -> 
             managers = [stack.enter_context(FiberAsyncEnvManager()) for _ in range(servers)]
             async_envs = [managers[seed % servers].CartPole(seed) for seed in range(N_ENVS)]
             for env in async_envs:
-                stack.callback(env.close)
+                stack.callback(env._close)
             gather([env.reset() for env in async_envs], timeout=WAIT_S)
             runners[f"fiberrl async{servers}"] = functools.partial(step_async, async_envs)
 
@@ -506,7 +507,8 @@ def main() -> None:
                      "rounds of each (10 untimed ops before each round)",
              "lock_event": f"{ops} ops per row and library, in {rounds} alternating rounds; "
                            "fiberrl.Lock()/Event() live in this process's coordination "
-                           "thread, which the child reaches over TCP",
+                           "thread, which the child reaches through its same-host socket "
+                           "(TCP across hosts)",
              "envs": f"{N_ENVS} envs x {steps} steps (actions 0,1,0,1...) per variant, in "
                      f"{2 if args.quick else 10} alternating rounds, after {warmup} untimed "
                      "steps; fiberrl async = AsyncManager + gather"}

@@ -24,6 +24,7 @@ import pickle
 import select
 import socket
 import struct
+import sys
 import threading
 import time
 import traceback
@@ -241,6 +242,14 @@ def _close_serving_connections() -> None:
         conn.close()
 
 
+def local_name(address: Any) -> Optional[str]:
+    """The abstract Unix socket a server at TCP ``address`` also listens on (Linux)."""
+    if not (sys.platform.startswith("linux") and isinstance(address, tuple) and len(address) == 2):
+        return None
+    host, port = address
+    return f"\0fiberrl-manager-{host}-{port}"
+
+
 def open_connection(address: Any, authkey: Optional[bytes] = None, serializer: str = "pickle",
                     timeout: float = HANDSHAKE_TIMEOUT) -> ServerConnection:
     """Connect to a manager server and pass its mutual HMAC challenge with ``authkey``.
@@ -255,6 +264,16 @@ def open_connection(address: Any, authkey: Optional[bytes] = None, serializer: s
     if not isinstance(authkey, bytes):
         raise TypeError(f"authkey should be a byte string, not {type(authkey).__name__}")
     family = mp_connection.address_type(address)
+    local = local_name(address) if family == "AF_INET" else None
+    if local is not None:
+        try:
+            sock = socket.socket(socket.AF_UNIX)
+            sock.settimeout(timeout)
+            sock.connect(local)
+        except OSError:
+            sock.close()  # no such server in this network namespace: use TCP
+        else:
+            return _authenticate(sock, address, authkey, serializer, timeout)
     try:
         if family == "AF_INET":
             sock = socket.create_connection(tuple(address), timeout=timeout)
@@ -265,6 +284,12 @@ def open_connection(address: Any, authkey: Optional[bytes] = None, serializer: s
     except OSError as exc:
         raise ManagerConnectionError(f"cannot connect to the manager server at {address!r}: "
                                      f"{exc}") from exc
+    return _authenticate(sock, address, authkey, serializer, timeout)
+
+
+def _authenticate(sock: socket.socket, address: Any, authkey: bytes, serializer: str,
+                  timeout: float) -> ServerConnection:
+    """Pass the mutual HMAC challenge on a connected socket, within ``timeout``."""
     try:
         sock.settimeout(None)
         _set_keepalive(sock)
@@ -418,17 +443,30 @@ class Server(mp_managers.Server):
         self.serializer = serializer
         if isinstance(self.address, tuple) and self.address[0] in ("0.0.0.0", "", "::"):
             self.address = (transport.default_listen_host(), self.address[1])
+        self.local_listener: Any = None
         self.stop_event = threading.Event()
         # re-entrant: a finalizer may drop a reference while this thread holds it
         self.mutex = threading.RLock()
+
+    def _begin_serving(self) -> None:
+        """Become reachable from this process without a socket and from this host
+        through the abstract socket (only once serving: ``get_server()`` objects that
+        are never served must not shadow a server at the same address)."""
+        self.local_listener = self._listen_locally()
         with _servers_lock:
             _servers[self.address] = self
 
     def accepter(self) -> None:
-        """Accept connections until the server stops; each gets a thread."""
+        """Accept connections (TCP, and same-host ones) until the server stops."""
+        if self.local_listener is not None:
+            threading.Thread(target=self._accept_loop, args=(self.local_listener,), daemon=True,
+                             name="fiberrl-manager-accept-local").start()
+        self._accept_loop(self.listener)
+
+    def _accept_loop(self, listener: Any) -> None:
         while not self.stop_event.is_set():
             try:
-                raw = self.listener.accept()
+                raw = listener.accept()
             except OSError:
                 if self.stop_event.wait(0.05):
                     return
@@ -441,6 +479,19 @@ class Server(mp_managers.Server):
             conn = ManagedConnection(raw, self.serializer)
             threading.Thread(target=self.handle_request, args=(conn,), daemon=True,
                              name="fiberrl-manager-client").start()
+
+    def _listen_locally(self) -> Any:
+        """Also listen on an abstract Unix socket named after the TCP address: clients
+        in the same network namespace (this host, this pod) use it, which is faster
+        than TCP loopback; others cannot see it and use TCP."""
+        name = local_name(self.address)
+        if name is None:
+            return None
+        try:
+            return mp_connection.Listener(address=name, family="AF_UNIX", backlog=128)
+        except OSError as exc:
+            logger.debug("no same-host listener for %r: %s", self.address, exc)
+            return None
 
     def serve_client(self, conn: ManagedConnection) -> None:
         _serving.conn = conn
@@ -459,9 +510,12 @@ class Server(mp_managers.Server):
 
     def start_in_thread(self) -> None:
         """Serve from a daemon thread of this process (the coordination service)."""
+        self._begin_serving()
         threading.Thread(target=self.accepter, daemon=True, name="fiberrl-coordination").start()
 
     def serve_forever(self) -> None:
+        """Serve until a client asks for ``shutdown`` (then this process exits)."""
+        self._begin_serving()
         try:
             super().serve_forever()
         finally:
@@ -473,10 +527,12 @@ class Server(mp_managers.Server):
         with _servers_lock:
             if _servers.get(self.address) is self:
                 del _servers[self.address]
-        try:
-            self.listener.close()
-        except OSError:
-            pass
+        for listener in (self.listener, self.local_listener):
+            try:
+                if listener is not None:
+                    listener.close()
+            except OSError:
+                pass
 
 
 # -- proxies ---------------------------------------------------------------------------------
