@@ -220,3 +220,32 @@ def test_manager_lock_held_by_a_dead_process_is_released():
 def _lock_and_die(lock):
     lock.acquire()
     os._exit(7)
+
+
+@pytest.fixture
+def tcp_only(monkeypatch):
+    """Make this process reach servers over TCP, as a client on another host does
+    (the same-host abstract socket is not looked for)."""
+    import fiberrl.managers
+    monkeypatch.setattr(fiberrl.managers, "local_name", lambda address: None)
+
+
+def test_tcp_path_serves_and_reports_a_killed_server(tcp_only):
+    manager = fiberrl.Manager()
+    shared = manager.dict(a=1)
+    conn = open_connection(manager.address)
+    assert conn._conn.fileno() >= 0
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        assert sock.family == socket.AF_INET  # really TCP
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+    finally:
+        sock.close()
+        conn.close()
+    shared["b"] = 2
+    assert shared.copy() == {"a": 1, "b": 2}
+    os.kill(manager._process.pid, signal.SIGKILL)
+    with pytest.raises(fiberrl.ManagerConnectionError):
+        shared["a"]
+    manager.shutdown()
+    manager.join(10)

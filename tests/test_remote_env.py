@@ -269,3 +269,16 @@ def test_unexposed_method_of_a_wrapped_blocking_proxy():
                 proxy.render  # noqa: B018 - the blocking proxy has no such method either
         finally:
             wrapped._close()
+
+
+def test_remote_envs_example_runs():
+    """examples/remote_envs.py, small: manager jobs, async steps, episode returns."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    example = Path(__file__).resolve().parent.parent / "examples" / "remote_envs.py"
+    done = subprocess.run([sys.executable, str(example), "--envs", "4", "--servers", "2",
+                           "--steps", "60"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "4 environments in 2 manager jobs" in done.stderr
+    assert "episodes finished" in done.stderr
