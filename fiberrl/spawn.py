@@ -26,30 +26,42 @@ from .popen import HUB_ENV, JOB_ENV, SENTINEL_ENV, TOKEN_ENV
 logger = logging.getLogger(__name__)
 
 
-def _watch_parent(address: str, grace: float, sentinel_write: int) -> None:
-    """Exit this job if the parent's hub stays unreachable for ``grace`` seconds."""
+def _watch_parent(address: str, grace: float, sentinel_write: int, stop_fd: int) -> None:
+    """Exit this job if the parent's hub stays unreachable for ``grace`` seconds.
+
+    Returns, closing its sockets, when ``stop_fd`` becomes readable: the job is
+    ending and is about to destroy the ZeroMQ context, which must not close a socket
+    this thread is polling (that can crash ZeroMQ).
+    """
     sock = transport.context().socket(zmq.DEALER)
     transport.configure_peer_socket(sock)
     sock.setsockopt(zmq.LINGER, 0)
     monitor = transport.monitor_socket(sock, zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
     sock.connect(address)
     try:
-        _watch_loop(monitor, address, grace, sentinel_write)
+        _watch_loop(monitor, address, grace, sentinel_write, stop_fd)
     except zmq.ZMQError:
         return  # the job is ending: its sockets were closed under this thread
+    transport.close_monitored(sock, monitor, 0)
 
 
-def _watch_loop(monitor, address: str, grace: float, sentinel_write: int) -> None:
+def _watch_loop(monitor, address: str, grace: float, sentinel_write: int, stop_fd: int) -> None:
+    poller = zmq.Poller()
+    poller.register(monitor, zmq.POLLIN)
+    poller.register(stop_fd, zmq.POLLIN)
     lost_since = None
     while True:
-        timeout = None if lost_since is None else max(0.0, grace - (time.monotonic() - lost_since))
-        if monitor.poll(None if timeout is None else timeout * 1000):
+        remaining = None if lost_since is None else max(0.0, grace - (time.monotonic() - lost_since))
+        ready = dict(poller.poll(None if remaining is None else remaining * 1000))
+        if stop_fd in ready:
+            return
+        if monitor in ready:
             event = transport.monitor_event(monitor)
             if event == zmq.EVENT_CONNECTED:
                 lost_since = None
             elif event == zmq.EVENT_DISCONNECTED and lost_since is None:
                 lost_since = time.monotonic()
-        elif lost_since is not None:
+        elif lost_since is not None and time.monotonic() - lost_since >= grace:
             # the parent is gone: parent_process().is_alive() turns False at once, and
             # the job gets one more grace period to finish up before it exits
             os.close(sentinel_write)
@@ -84,8 +96,11 @@ def main() -> int:
     process_obj = reduction.loads(body)
 
     parent_r, parent_w = os.pipe()
-    threading.Thread(target=_watch_parent, args=(address, cfg.parent_grace, parent_w),
-                     name="fiberrl-parent-watch", daemon=True).start()
+    stop_r, stop_w = os.pipe()
+    watcher = threading.Thread(target=_watch_parent,
+                               args=(address, cfg.parent_grace, parent_w, stop_r),
+                               name="fiberrl-parent-watch", daemon=True)
+    watcher.start()
     exitcode = process_obj._bootstrap(parent_sentinel=parent_r)
     try:
         client.cast("spawn", "exit", token, exitcode)
@@ -98,6 +113,8 @@ def main() -> int:
     if running_hub is not None:
         running_hub.stop()
         running_hub.thread.join(2.0)
+    os.write(stop_w, b"x")
+    watcher.join(1.0)
     transport.flush_and_close()
     if inherited_sentinel is not None:
         try:
