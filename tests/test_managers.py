@@ -226,8 +226,8 @@ def _lock_and_die(lock):
 def tcp_only(monkeypatch):
     """Make this process reach servers over TCP, as a client on another host does
     (the same-host abstract socket is not looked for)."""
-    import fiberrl.managers
-    monkeypatch.setattr(fiberrl.managers, "local_name", lambda address: None)
+    import fiberrl.manager_connections
+    monkeypatch.setattr(fiberrl.manager_connections, "local_name", lambda address: None)
 
 
 def test_tcp_path_serves_and_reports_a_killed_server(tcp_only):
