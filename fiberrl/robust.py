@@ -99,7 +99,17 @@ class _Robust:
         """Undo what the departed client ``ident`` held (nothing by default)."""
 
 
-class Lock(_Robust):
+class _Acquirable(_Robust):
+    """``with obj:`` acquires and releases (locks, semaphores, conditions)."""
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+class Lock(_Acquirable):
     """A non-recursive lock; any client may release it, as with ``multiprocessing.Lock``."""
 
     def __init__(self) -> None:
@@ -143,17 +153,11 @@ class Lock(_Robust):
                 self._locked, self._holder = False, None
                 self._state.notify()
 
-    def __enter__(self) -> bool:
-        return self.acquire()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
-
     def __repr__(self) -> str:
         return f"<fiberrl.robust.Lock {'locked' if self._locked else 'unlocked'}>"
 
 
-class RLock(_Robust):
+class RLock(_Acquirable):
     """A recursive lock owned by the client (process and thread) that acquired it."""
 
     def __init__(self) -> None:
@@ -206,17 +210,11 @@ class RLock(_Robust):
                 self._owner, self._count = None, 0
                 self._state.notify()
 
-    def __enter__(self) -> bool:
-        return self.acquire()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
-
     def __repr__(self) -> str:
         return f"<fiberrl.robust.RLock owner={self._owner} count={self._count}>"
 
 
-class Semaphore(_Robust):
+class Semaphore(_Acquirable):
     """A counting semaphore; permits a departed client still held are given back."""
 
     def __init__(self, value: int = 1) -> None:
@@ -264,12 +262,6 @@ class Semaphore(_Robust):
                 self._value += held
                 self._state.notify(held)
 
-    def __enter__(self) -> bool:
-        return self.acquire()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
-
     def __repr__(self) -> str:
         return f"<fiberrl.robust.{type(self).__name__} value={self._value}>"
 
@@ -286,7 +278,7 @@ class BoundedSemaphore(Semaphore):
             raise ValueError("Semaphore released too many times")
 
 
-class Condition(_Robust):
+class Condition(_Acquirable):
     """A condition variable over a robust ``Lock`` or ``RLock`` (a new RLock by default)."""
 
     def __init__(self, lock: Any = None) -> None:
@@ -372,12 +364,6 @@ class Condition(_Robust):
     def notify_all(self) -> None:
         """Wake every waiter."""
         self.notify(len(self._waiters) or 1)
-
-    def __enter__(self) -> bool:
-        return self.acquire()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
 
 
 class Event(_Robust):

@@ -131,6 +131,13 @@ class ArrayCell(_Cell):
         return f"{type(self._obj).__name__}({self._obj[:]!r})"
 
 
+def _char_array_attribute(name: str, doc: str) -> property:
+    """``value`` or ``raw`` of a shared char array, read and written through the
+    class's ``_cell_call(method, *args)``."""
+    return property(lambda self: self._cell_call("getattr", name),
+                    lambda self, new: self._cell_call("setattr", name, new), doc=doc)
+
+
 class ValueCellProxy(managers.BaseProxy):
     """A bare shared value (``RawValue``, ``Value(lock=False)``, ``Value.get_obj()``)."""
 
@@ -166,23 +173,11 @@ class ArrayCellProxy(managers.BaseProxy):
     def __iter__(self):
         return iter(self._callmethod("getitem", (slice(None),)))
 
-    @property
-    def value(self) -> Any:
-        """A char array's value (bytes up to the first NUL)."""
-        return self._callmethod("getattr", ("value",))
+    def _cell_call(self, method: str, *args: Any) -> Any:
+        return self._callmethod(method, args)
 
-    @value.setter
-    def value(self, new: Any) -> None:
-        self._callmethod("setattr", ("value", new))
-
-    @property
-    def raw(self) -> Any:
-        """A char array's raw bytes."""
-        return self._callmethod("getattr", ("raw",))
-
-    @raw.setter
-    def raw(self, new: Any) -> None:
-        self._callmethod("setattr", ("raw", new))
+    value = _char_array_attribute("value", "A char array's value (bytes up to the first NUL).")
+    raw = _char_array_attribute("raw", "A char array's raw bytes.")
 
     def __repr__(self) -> str:
         return f"<fiberrl shared {self._callmethod('__repr__')}>"
@@ -256,23 +251,9 @@ class SynchronizedArray(_Synchronized):
     def __iter__(self):
         return iter(self[:])
 
-    @property
-    def value(self) -> Any:
-        """A char array's value."""
-        return self._call("getattr", "value")
-
-    @value.setter
-    def value(self, new: Any) -> None:
-        self._call("setattr", "value", new)
-
-    @property
-    def raw(self) -> Any:
-        """A char array's raw bytes."""
-        return self._call("getattr", "raw")
-
-    @raw.setter
-    def raw(self, new: Any) -> None:
-        self._call("setattr", "raw", new)
+    _cell_call = _Synchronized._call
+    value = _char_array_attribute("value", "A char array's value (read under the lock).")
+    raw = _char_array_attribute("raw", "A char array's raw bytes (read under the lock).")
 
     def __repr__(self) -> str:
         return f"<fiberrl Synchronized wrapper for {self._cell!r}>"
