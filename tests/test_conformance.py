@@ -129,12 +129,15 @@ class _ClassPoolStarted:
         cls.pool._pool  # waits until the supervisor has started the workers
 
 
-def _bind(base, *extra_bases):
-    name = "WithFiberrl" + base.__name__[len("_Test"):]  # must match the global's name
+def _bind(base, *extra_bases, mixin=None, prefix="WithFiberrl", module=__name__):
+    """A TestCase running ``base``'s tests with ``mixin``'s objects (fiberrl's by
+    default); the name must match the module global it is assigned to, so that jobs
+    can import the class by name."""
+    name = prefix + base.__name__[len("_Test"):]
     overrides = {attr: _skipped(reason) for attr, reason in UNSUPPORTED.items()
                  if hasattr(base, attr)}
-    cls = type(name, (*extra_bases, base, FiberrlMixin, unittest.TestCase),
-               {"__module__": __name__, **overrides})
+    cls = type(name, (*extra_bases, base, mixin or FiberrlMixin, unittest.TestCase),
+               {"__module__": module, **overrides})
     cls.__qualname__ = name
     return cls
 

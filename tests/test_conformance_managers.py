@@ -11,7 +11,6 @@ every job that imports this file. ``TestSyncManagerTypes`` runs with fiberrl's
 """
 import multiprocessing
 import time
-import unittest
 
 import pytest
 
@@ -20,7 +19,7 @@ import fiberrl.managers
 
 cpython = pytest.importorskip("test._test_multiprocessing")
 
-from test_conformance import UNSUPPORTED, _skipped  # noqa: E402
+from test_conformance import _bind as bind_to_fiberrl  # noqa: E402
 
 pytestmark = [pytest.mark.conformance, pytest.mark.timeout(300)]
 
@@ -83,13 +82,8 @@ class _ManagerPoolStarted:
 
 
 def _bind(base, *extra_bases):
-    name = "WithFiberrlManager" + base.__name__[len("_Test"):]
-    overrides = {attr: _skipped(reason) for attr, reason in UNSUPPORTED.items()
-                 if hasattr(base, attr)}
-    cls = type(name, (*extra_bases, base, FiberrlManagerMixin, unittest.TestCase),
-               {"__module__": __name__, **overrides})
-    cls.__qualname__ = name
-    return cls
+    return bind_to_fiberrl(base, *extra_bases, mixin=FiberrlManagerMixin,
+                           prefix="WithFiberrlManager", module=__name__)
 
 
 WithFiberrlManagerQueue = _bind(cpython._TestQueue)
