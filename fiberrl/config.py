@@ -68,6 +68,8 @@ class Config:
     """Seconds without a heartbeat after which a peer connection is considered dead."""
     max_task_retries: int = 3
     """Workers that may die while running one pool task before the task fails."""
+    time_limit_margin: float = 120.0
+    """Seconds before a pool worker's job hits its time limit at which the pool replaces it."""
     extra: Dict[str, Any] = field(default_factory=dict)
     """Backend-specific settings (e.g. ``{"slurm_partition": "gpu"}``)."""
 

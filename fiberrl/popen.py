@@ -14,6 +14,7 @@ others a watcher thread closes it when the backend reports the job finished.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -25,7 +26,7 @@ import weakref
 from multiprocessing import context as _mp_context
 from multiprocessing import util as _mp_util
 from multiprocessing.connection import wait as _wait_fds
-from typing import Dict, Optional
+from typing import Dict, Iterator, Optional
 
 from . import reduction, transport
 from .backends import JobSpec, JobState, default_backend
@@ -143,6 +144,7 @@ class Popen:
         self.reason = ""
         self.reported_exit: Optional[int] = None
         self.job = None
+        self._write_fd: Optional[int] = None
         self._lock = threading.Lock()
         cfg = get_config()
         backend = default_backend()
@@ -168,23 +170,37 @@ class Popen:
         service.pending[token] = (prep, frames)
         service.popens[token] = self
         self._token, self._service, self.backend = token, service, backend
-        try:
-            self.job = backend.create_job(spec)
-        except BaseException:
-            service.pending.pop(token, None)
-            os.close(read_fd)
-            os.close(write_fd)
-            raise
-        self.pid = self.job.pid
-        self.sentinel = read_fd
-        self._write_fd: Optional[int] = None
-        if backend.shares_host:
-            os.close(write_fd)
-        else:
-            self._write_fd = write_fd
-            _JobWatcher.instance().watch(self)
+        self.spec, self.pid, self.sentinel = spec, None, read_fd
+        self._write_fd: Optional[int] = write_fd
         self.finalizer = _mp_util.Finalize(self, _close_fds, (read_fd,))
-        self._arm_start_timeout(cfg.start_timeout)
+        batch = getattr(_batch, "popens", None)
+        if batch is not None:
+            batch.append(self)  # submitted when the submit_together() block ends
+            return
+        try:
+            job = backend.create_job(spec)
+        except BaseException as exc:
+            self._not_submitted(f"the backend refused the job: {exc}")
+            self.close()
+            raise
+        self._launched(job)
+
+    def _launched(self, job) -> None:
+        """The backend accepted the job: hand over the sentinel and arm the start timeout."""
+        self.job = job
+        self.pid = job.pid
+        if self.backend.shares_host:
+            self._close_write_end()  # the job holds its own copy
+        else:
+            _JobWatcher.instance().watch(self)
+        self._arm_start_timeout(get_config().start_timeout)
+
+    def _not_submitted(self, reason: str) -> None:
+        """The job was never created: the process ends at once with exit code 1."""
+        self._service.pending.pop(self._token, None)
+        with self._lock:
+            self.returncode, self.reason = 1, reason
+        self._close_write_end()
 
     def _arm_start_timeout(self, seconds: float) -> None:
         token, service, ref = self._token, self._service, weakref.ref(self)
@@ -201,7 +217,7 @@ class Popen:
 
         service.hub.call_soon(lambda: service.hub.call_later(seconds, check))
 
-    def _on_hello(self, pid: int, host: str) -> None:
+    def _on_hello(self, pid: int, host: str) -> None:  # the hub thread
         if self.job is not None:
             self.job.host = host
             if self.pid is None:
@@ -210,7 +226,7 @@ class Popen:
     # -- the stdlib Popen protocol ------------------------------------------------
     def poll(self, flag: int = os.WNOHANG) -> Optional[int]:
         """Exit code if the job has finished, else None."""
-        if self.returncode is None:
+        if self.returncode is None and self.job is not None:
             status = self.backend.status(self.job)
             if status.state.finished:
                 self._finish(status)
@@ -243,12 +259,12 @@ class Popen:
 
     def terminate(self) -> None:
         """Ask the job to stop (SIGTERM on the local backend)."""
-        if self.returncode is None:
+        if self.returncode is None and self.job is not None:
             self.backend.terminate(self.job, force=False)
 
     def kill(self) -> None:
         """Kill the job (SIGKILL on the local backend)."""
-        if self.returncode is None:
+        if self.returncode is None and self.job is not None:
             self.backend.terminate(self.job, force=True)
 
     def close(self) -> None:
@@ -258,12 +274,49 @@ class Popen:
 
     def logs(self, tail: int = 50) -> str:
         """The tail of the job's output."""
-        return self.backend.logs(self.job, tail)
+        return self.backend.logs(self.job, tail) if self.job is not None else ""
 
     def _close_write_end(self) -> None:
         fd, self._write_fd = self._write_fd, None
         if fd is not None:
             os.close(fd)
+
+
+_batch = threading.local()
+
+
+@contextlib.contextmanager
+def submit_together() -> Iterator[None]:
+    """Submit every process started in this block (by this thread) in one request.
+
+    Backends that can (Slurm: one job array) start them as one submission; the others
+    get one ``create_job`` call each. If the submission fails, every process of the
+    block ends with exit code 1 and the backend's error is raised here.
+    """
+    if getattr(_batch, "popens", None) is not None:
+        yield  # nested: the outer block submits
+        return
+    popens: list = []
+    _batch.popens = popens
+    try:
+        yield
+    except BaseException:
+        for popen in popens:
+            popen._not_submitted("not submitted: the start of its group failed")
+        raise
+    finally:
+        _batch.popens = None
+    if not popens:
+        return
+    backend = popens[0].backend
+    try:
+        jobs = backend.create_jobs([p.spec for p in popens])
+    except BaseException as exc:
+        for popen in popens:
+            popen._not_submitted(f"the backend refused the job: {exc}")
+        raise
+    for popen, job in zip(popens, jobs):
+        popen._launched(job)
 
 
 def _close_fds(*fds: int) -> None:

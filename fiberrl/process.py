@@ -22,8 +22,9 @@ class Process(_mp_process.BaseProcess):
     """A process object whose ``start()`` submits a job to the configured backend.
 
     Arguments are those of ``multiprocessing.Process`` plus optional resource hints
-    ``cpu``, ``mem`` (bytes or ``"2G"``) and ``gpu``, which override hints set with
-    ``@fiberrl.meta`` on the target.
+    ``cpu``, ``mem`` (bytes or ``"2G"``) and ``gpu``, and backend-specific ones such as
+    ``time_limit`` or ``partition`` (see :mod:`fiberrl.resources`); they override
+    hints set with ``@fiberrl.meta`` on the target.
     """
 
     _start_method = None  # the stdlib must not switch its own context in the job
@@ -31,14 +32,15 @@ class Process(_mp_process.BaseProcess):
     def __init__(self, group: None = None, target: Optional[Callable[..., Any]] = None,
                  name: Optional[str] = None, args: Iterable[Any] = (),
                  kwargs: Optional[Mapping[str, Any]] = None, *, daemon: Optional[bool] = None,
-                 cpu: Optional[float] = None, mem: Any = None, gpu: Optional[int] = None) -> None:
+                 cpu: Optional[float] = None, mem: Any = None, gpu: Optional[int] = None,
+                 **hints: Any) -> None:
         if target is not None and not callable(target):
             raise TypeError(f"Process target must be callable, got {type(target).__name__} {target!r:.80}")
         if kwargs is not None and not isinstance(kwargs, Mapping):
             raise TypeError(f"Process kwargs must be a mapping, got {type(kwargs).__name__}")
         super().__init__(group, target, name, tuple(args), dict(kwargs or {}), daemon=daemon)
         self._resources: Dict[str, Any] = {**_resources.hints_of(target),
-                                           **_resources.validate(cpu, mem, gpu)}
+                                           **_resources.validate(cpu, mem, gpu, **hints)}
 
     @staticmethod
     def _Popen(process_obj: "Process"):
@@ -49,7 +51,8 @@ class Process(_mp_process.BaseProcess):
     def job_id(self) -> Optional[str]:
         """The backend's id of this process's job (None before ``start()``)."""
         popen = self._popen
-        return popen.job.id if popen is not None else None
+        job = getattr(popen, "job", None)
+        return job.id if job is not None else None
 
     @property
     def exit_reason(self) -> str:

@@ -29,9 +29,17 @@ def parse_mem(value: Union[None, int, float, str]) -> Optional[int]:
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
+#: hints beyond cpu/mem/gpu that some backend understands (see each backend's docs)
+BACKEND_HINTS = ("time_limit", "partition", "account", "qos", "sbatch_options")
+
+
 def validate(cpu: Optional[float] = None, mem: Any = None, gpu: Optional[int] = None,
              **extra: Any) -> Dict[str, Any]:
-    """Check hint values and normalize them (mem to bytes)."""
+    """Check hint values and normalize them (mem to bytes); unknown names are a TypeError."""
+    unknown = sorted(set(extra) - set(BACKEND_HINTS))
+    if unknown:
+        raise TypeError(f"unknown resource hint(s) {unknown}; valid: cpu, mem, gpu, "
+                        f"{', '.join(BACKEND_HINTS)}")
     if cpu is not None and (not isinstance(cpu, (int, float)) or cpu <= 0):
         raise ValueError(f"cpu must be a positive number, got {cpu!r}")
     if gpu is not None and (not isinstance(gpu, int) or gpu < 0):

@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 # name -> "module:Class" for built-ins (imported lazily: their clients are extras)
 _BUILTIN = {
     "local": "fiberrl.backends.local:LocalBackend",
+    "slurm": "fiberrl.backends.slurm:SlurmBackend",
 }
 _registered: Dict[str, Callable[..., Backend]] = {}
 _lock = threading.Lock()

@@ -90,6 +90,20 @@ class Backend(abc.ABC):
     def create_job(self, spec: JobSpec) -> Job:
         """Start a job for ``spec``; raise :class:`~fiberrl.errors.BackendError` if refused."""
 
+    def create_jobs(self, specs: List[JobSpec]) -> List[Job]:
+        """Start one job per spec, in one request where the backend can (Slurm: a job
+        array); the default starts them one by one. All or nothing: if one is refused,
+        those already started are killed and the error is raised."""
+        jobs: List[Job] = []
+        try:
+            for spec in specs:
+                jobs.append(self.create_job(spec))
+        except BaseException:
+            for job in jobs:
+                self.terminate(job, force=True)
+            raise
+        return jobs
+
     @abc.abstractmethod
     def status(self, job: Job) -> JobStatus:
         """The job's current state (cheap enough to call a few times a second)."""
@@ -115,6 +129,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def logs(self, job: Job, tail: int = 50) -> str:
         """The last ``tail`` lines of the job's output, as far as the backend kept them."""
+
+    def time_left(self, job: Job) -> Optional[float]:
+        """Seconds until the backend stops ``job`` for its time limit (None: no limit)."""
+        return None
 
     @abc.abstractmethod
     def listen_host(self) -> str:

@@ -27,6 +27,7 @@ import weakref
 from multiprocessing.pool import CLOSE, RUN, TERMINATE
 from typing import Any, Callable, Iterable, List, Mapping, Optional
 
+from .. import resources
 from ..config import get_config
 from ..errors import PoolTerminatedError
 from ..backends import default_backend
@@ -52,6 +53,7 @@ class PoolStats:
     completed: int     #: tasks finished since the pool started
     worker_deaths: int  #: workers lost unexpectedly (crash, kill, missed heartbeat)
     retried: int       #: tasks re-queued after their worker died
+    time_limit_replacements: int = 0  #: workers replaced before their job's time limit
 
 
 def _check_callable(func: Any) -> None:
@@ -76,7 +78,8 @@ class _PoolCore:
         self.functions = FunctionTable(self.dispatcher.forget_function)
         self.dispatcher.target = processes
         self.supervisor = Supervisor(self.dispatcher, processes, self.name, worker_options,
-                                     max_task_retries, idle_timeout)
+                                     max_task_retries, idle_timeout,
+                                     get_config().time_limit_margin)
         self.dispatcher.thread.start()
         self.supervisor.thread.start()
 
@@ -113,9 +116,13 @@ class Pool:
       ``heartbeat_timeout`` setting, 10 s);
     - ``idle_timeout``: seconds after which an idle worker is released back to the
       cluster (default None: workers stay); released workers start again when work
-      arrives.
+      arrives;
+    - ``cpu``, ``mem``, ``gpu`` and backend hints such as ``time_limit`` or
+      ``partition`` (see :mod:`fiberrl.resources`): what each worker's job asks for.
 
-    Workers start in the background; tasks flow as soon as the first is up. Grow or
+    A worker whose job nears the backend's time limit (Slurm ``--time``) is replaced
+    ``time_limit_margin`` seconds before it (config setting, 120 s). Workers start in
+    the background; tasks flow as soon as the first is up. Grow or
     shrink the pool with :meth:`resize`; watch it with :meth:`stats`.
     """
 
@@ -123,7 +130,8 @@ class Pool:
                  initargs: Iterable[Any] = (), maxtasksperchild: Optional[int] = None,
                  context: Any = None, *, max_task_retries: Optional[int] = None,
                  heartbeat_timeout: Optional[float] = None,
-                 idle_timeout: Optional[float] = None) -> None:
+                 idle_timeout: Optional[float] = None, cpu: Optional[float] = None,
+                 mem: Any = None, gpu: Optional[int] = None, **hints: Any) -> None:
         self._state = RUN  # before anything can raise, so __del__ works
         self._core: Optional[_PoolCore] = None
         if processes is None:
@@ -148,7 +156,8 @@ class Pool:
             from .. import reduction
             reduction.dumps((initializer, initargs))  # pickling errors surface here
         options = {"initializer": initializer, "initargs": initargs, "maxtasks": maxtasksperchild,
-                   "heartbeat_interval": min(cfg.heartbeat_interval, timeout / 4)}
+                   "heartbeat_interval": min(cfg.heartbeat_interval, timeout / 4),
+                   "resources": resources.validate(cpu, mem, gpu, **hints)}
         self._processes = processes
         self._window = 4 * processes + 32
         self._core = _PoolCore(processes, options, retries, timeout, idle_timeout)
@@ -286,7 +295,8 @@ class Pool:
                          idle=sum(1 for link in alive if dispatcher.pending.held_by(link.id) == 0),
                          queued=len(dispatcher.queue), pending=len(dispatcher.pending),
                          completed=dispatcher.completed, worker_deaths=supervisor.worker_deaths,
-                         retried=dispatcher.pending.retried)
+                         retried=dispatcher.pending.retried,
+                         time_limit_replacements=supervisor.time_limit_replacements)
 
     # -- stdlib-compatible internals used by CPython's tests --------------------------
     @property

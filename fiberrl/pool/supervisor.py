@@ -5,7 +5,10 @@ block happens here, never in the I/O thread). It learns about workers from three
 sources and turns each into one decision:
 
 - the I/O thread's events (hello, connection closed, heartbeat missed, retiring);
-- the backend's view, polled every 50 ms (a job that ended without a word);
+- the backend's view, polled every 50 ms (a job that ended without a word), and
+  every second the time left before each worker's job hits its time limit: a
+  worker close to it is retired (it finishes its task) and a replacement started,
+  so a long run outlives the backend's per-job walltime;
 - the pool's API (resize, close, terminate).
 
 A lost worker is declared to the I/O thread with the backend's reason (e.g. "killed
@@ -28,6 +31,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..errors import JobFailedError
+from ..popen import submit_together
 from ..process import Process
 from .worker import run_worker
 
@@ -45,6 +49,7 @@ class WorkerRecord:
         self.process = process
         self.started = time.monotonic()
         self.hello = False
+        self.hello_at: Optional[float] = None
         self.retiring = False
         self.expected_exit = False
         self.stop_asked: Optional[float] = None
@@ -55,7 +60,8 @@ class Supervisor:
     """Keeps ``target`` workers alive and tells the I/O thread about every loss."""
 
     def __init__(self, dispatcher: Any, target: int, name: str, worker_options: Dict[str, Any],
-                 max_task_retries: int, idle_timeout: Optional[float]) -> None:
+                 max_task_retries: int, idle_timeout: Optional[float],
+                 time_limit_margin: float = 120.0) -> None:
         self.dispatcher = dispatcher
         self.events: "queue.SimpleQueue" = dispatcher.events
         self.target = target
@@ -65,6 +71,9 @@ class Supervisor:
         self.idle_timeout = idle_timeout
         self.records: Dict[int, WorkerRecord] = {}
         self.worker_deaths = 0
+        self.time_limit_replacements = 0
+        self.time_limit_margin = time_limit_margin
+        self._next_time_check = 0.0
         self.closing = False
         self.shutting_down = False
         self.terminating = False
@@ -72,7 +81,8 @@ class Supervisor:
         # at most one per CPU at a time, so the first worker is up (and tasks flow)
         # sooner. Cluster backends start every worker at once.
         from ..backends import default_backend
-        self.max_starting = (os.cpu_count() or 1) if default_backend().shares_host else None
+        self.backend = default_backend()
+        self.max_starting = (os.cpu_count() or 1) if self.backend.shares_host else None
         self._ids = itertools.count(1)
         self._start_failures = 0
         self._backoff_until = 0.0
@@ -96,6 +106,7 @@ class Supervisor:
                     self._kill_all()
                     break
                 self._reap()
+                self._replace_expiring()
                 if self.shutting_down:
                     self._wind_down()
                     if not self.records:
@@ -124,6 +135,7 @@ class Supervisor:
         record = self.records.get(worker_id)
         if kind == "hello" and record is not None:
             record.hello = True
+            record.hello_at = time.monotonic()
             self._start_failures = 0
         elif kind == "disconnected" and record is not None:
             self._lost(record, value)
@@ -219,9 +231,8 @@ class Supervisor:
             if self.max_starting is not None:
                 starting = sum(1 for r in active if not r.hello)
                 wanted = min(wanted, self.max_starting - starting)
-            for _ in range(wanted):
-                if not self._start_worker():
-                    break
+            if wanted > 0:
+                self._start_workers(wanted)
         elif len(active) > desired:
             self._retire(sorted(active, key=lambda r: (r.hello, self.dispatcher.pending.held_by(r.id)))
                          [:len(active) - desired])
@@ -235,25 +246,53 @@ class Supervisor:
             else:
                 self.dispatcher.call_soon(functools.partial(self.dispatcher.retire, record.id))
 
-    def _start_worker(self) -> bool:
-        worker_id = next(self._ids)
-        token = secrets.token_hex(8)
+    def _start_workers(self, count: int) -> None:
+        """Start ``count`` workers in one submission (one job array on Slurm)."""
         options = self.worker_options
-        self.dispatcher.call_soon(
-            lambda: self.dispatcher.expect(worker_id, token, options["maxtasks"]))
-        process = Process(target=run_worker, name=f"{self.name}-worker-{worker_id}", daemon=True,
-                          args=(self.dispatcher.address, worker_id, token, options["initializer"],
-                                options["initargs"], options["maxtasks"],
-                                options["heartbeat_interval"]))
+        started: List[WorkerRecord] = []
         try:
-            process.start()
+            with submit_together():
+                for _ in range(count):
+                    worker_id, token = next(self._ids), secrets.token_hex(8)
+                    self.dispatcher.call_soon(functools.partial(
+                        self.dispatcher.expect, worker_id, token, options["maxtasks"]))
+                    process = Process(target=run_worker, name=f"{self.name}-worker-{worker_id}",
+                                      daemon=True, **options.get("resources", {}),
+                                      args=(self.dispatcher.address, worker_id, token,
+                                            options["initializer"], options["initargs"],
+                                            options["maxtasks"], options["heartbeat_interval"]))
+                    process.start()
+                    started.append(WorkerRecord(worker_id, process))
         except Exception as exc:
-            logger.error("pool %s could not start a worker: %s", self.name, exc)
+            logger.error("pool %s could not start %d worker(s): %s", self.name, count, exc)
             message = f"the backend cannot start pool workers: {exc}"
             self._count_start_failure(lambda: JobFailedError(message))
-            return False
-        self.records[worker_id] = WorkerRecord(worker_id, process)
-        return True
+            return
+        for record in started:
+            self.records[record.id] = record
+
+    def _replace_expiring(self) -> None:
+        """Retire workers whose job nears its time limit; ``_scale`` starts replacements.
+
+        A worker is retired when its job has less than ``time_limit_margin`` seconds
+        left (at most half its whole time limit, so short limits do not churn)."""
+        now = time.monotonic()
+        if now < self._next_time_check or self.shutting_down:
+            return
+        self._next_time_check = now + 1.0
+        for record in self._active():
+            job = record.process._popen.job if record.process._popen is not None else None
+            if not record.hello or job is None:
+                continue
+            left = self.backend.time_left(job)
+            if left is None:
+                continue
+            margin = min(self.time_limit_margin, (now - record.hello_at + left) / 2)
+            if left <= margin:
+                logger.info("pool %s: worker %d (job %s) reaches its time limit in %.0f s; "
+                            "replacing it", self.name, record.id, job.id, left)
+                self.time_limit_replacements += 1
+                self._retire([record])
 
     def _wind_down(self) -> None:
         """After close(): stop workers that are idle or still starting; kill stragglers."""

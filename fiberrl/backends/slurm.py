@@ -1,0 +1,402 @@
+"""The Slurm backend: each fiberrl process is a Slurm job (or a job step).
+
+- ``create_job``: a batch script (``exec python -m fiberrl.spawn``) through
+  ``sbatch --parsable``; the run's secret reaches the job through ``sbatch``'s
+  environment (``--export=ALL``), never its command line or script.
+- ``create_jobs`` (a pool starting N workers): one ``sbatch --array=0-(N-1)``; each
+  array task picks its own token by ``SLURM_ARRAY_TASK_ID``.
+- Inside an allocation that a person made (``salloc``/``sbatch`` running the master),
+  jobs are job steps (``srun --exact``) of that allocation: no queue wait.
+- ``status``: one cached ``squeue`` for all jobs (:mod:`.slurm_jobs`), mapped to
+  fiberrl's states with Slurm's reason (FAILED with exit code, CANCELLED, TIMEOUT,
+  NODE_FAIL, out of memory, PREEMPTED); ``sacct`` when Slurm has forgotten a job.
+- ``terminate``: ``scancel`` (SIGTERM, then SIGKILL after the cluster's KillWait);
+  ``force``: ``scancel --signal=KILL``.
+- ``logs``: each job writes to a file under the run's log directory (on a file
+  system the nodes share); its new lines are forwarded to this process's stdout, as
+  the local backend does, unless the ``slurm_forward_output`` setting is false.
+
+Settings (``fiberrl.init(extra={...})`` or ``FIBERRL_EXTRA``): ``slurm_partition``,
+``slurm_account``, ``slurm_qos``, ``slurm_time_limit``, ``slurm_options`` (see
+:mod:`.slurm_submit`), ``slurm_log_dir`` (default ``~/.fiberrl/slurm``),
+``slurm_array`` (default true), ``slurm_steps`` (``auto``: steps inside an
+allocation; ``never``), ``slurm_forward_output`` (default true).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+
+from ..config import get_config
+from ..errors import BackendError
+from . import slurm_submit
+from .base import Backend, Job, JobSpec, JobState, JobStatus
+from .slurm_jobs import JobTable, parse_duration, run_slurm, status_of
+
+logger = logging.getLogger(__name__)
+
+#: set in the environment of jobs this backend submitted with sbatch; a process that
+#: has it runs in an allocation made by fiberrl, so it submits jobs, not steps
+SUBMITTED_ENV = "FIBERRL_SLURM_SUBMITTED"
+
+
+@dataclass
+class _JobData:
+    """The backend's private state for one job."""
+
+    log: str
+    script: Optional[str] = None
+    step: Optional[subprocess.Popen] = None  # the srun client of a job step
+    step_name: str = ""
+    killed: bool = False
+    final: Optional[JobStatus] = None
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+def allocation_for_steps(setting: str = "auto") -> Optional[str]:
+    """The allocation whose steps new jobs should be, or None to submit jobs.
+
+    Steps are used inside an allocation a person made (``SLURM_JOB_ID`` set, not a job
+    fiberrl submitted) unless the ``slurm_steps`` setting is ``never``.
+    """
+    if setting == "never" or SUBMITTED_ENV in os.environ:
+        return None
+    return os.environ.get("SLURM_JOB_ID") or None
+
+
+def _is_local_address(host: str) -> bool:
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.bind((host, 0))
+        return True
+    except OSError:
+        return False
+
+
+def _address_towards(host: str) -> Optional[str]:
+    """This machine's address on the route to ``host``."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return None
+
+
+class _OutputFollower:
+    """Forwards the new lines of running jobs' log files to this process's stdout."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._offsets: Dict[str, int] = {}
+        self._closing: Dict[str, float] = {}
+        self._thread = threading.Thread(target=self._run, name="fiberrl-slurm-output",
+                                        daemon=True)
+        self._thread.start()
+
+    def follow(self, path: str) -> None:
+        with self._lock:
+            self._offsets.setdefault(path, 0)
+
+    def finish(self, path: str) -> None:
+        """The job ended: forward what is left, then stop following ``path``."""
+        with self._lock:
+            if path in self._offsets:
+                self._closing.setdefault(path, time.monotonic())
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                paths = list(self._offsets)
+            for path in paths:
+                self._pump(path)
+            time.sleep(0.2)
+
+    def _pump(self, path: str) -> None:
+        with self._lock:
+            closing = self._closing.get(path)
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(self._offsets[path])
+                chunk = fh.read(1 << 20)
+        except OSError:
+            chunk = b""
+        if closing is None:
+            chunk = chunk[:chunk.rfind(b"\n") + 1]  # whole lines only while the job runs
+        if chunk:
+            self._offsets[path] += len(chunk)
+            kept = b"".join(line for line in chunk.splitlines(keepends=True)
+                            if not _CANCEL_NOTICE.match(line))
+            try:
+                os.write(1, kept)
+            except OSError:
+                pass
+        if closing is not None and not chunk and time.monotonic() - closing > 0.5:
+            with self._lock:
+                self._offsets.pop(path, None)
+                self._closing.pop(path, None)
+
+
+#: slurmstepd's notice in a job's output when the job is cancelled; the job's exit
+#: reason says the same, so it is not forwarded
+_CANCEL_NOTICE = re.compile(rb"^slurmstepd[^:]*: error: \*\*\* (JOB|STEP) \S+ ON \S+ "
+                            rb"CANCELLED AT \S+ .*\*\*\*\s*$")
+
+
+class SlurmBackend(Backend):
+    """Jobs through ``sbatch``/``srun``, watched with ``squeue``, stopped with ``scancel``."""
+
+    name = "slurm"
+    shares_host = False
+
+    def __init__(self, listen_host: Optional[str] = None) -> None:
+        if shutil.which("sbatch") is None:
+            raise BackendError("the Slurm backend needs Slurm's client commands (sbatch, "
+                               "squeue, scancel) on PATH; scripts/slurm-up.sh starts a "
+                               "one-machine test cluster")
+        cfg = get_config()
+        self._extra: Mapping[str, Any] = cfg.extra
+        self._listen_host = listen_host
+        self._allocation = allocation_for_steps(str(self._extra.get("slurm_steps", "auto")))
+        self._use_arrays = bool(self._extra.get("slurm_array", True))
+        base = (self._extra.get("slurm_log_dir") or cfg.log_dir
+                or os.path.join(os.path.expanduser("~"), ".fiberrl", "slurm"))
+        self.run_dir = os.path.join(base, f"{socket.gethostname()}-{os.getpid()}-"
+                                          f"{uuid.uuid4().hex[:6]}")
+        os.makedirs(self.run_dir, exist_ok=True)
+        self._table = JobTable()
+        self._follower = (_OutputFollower() if self._extra.get("slurm_forward_output", True)
+                          else None)
+        self._lock = threading.Lock()
+
+    # -- submitting ---------------------------------------------------------------
+    def create_job(self, spec: JobSpec) -> Job:
+        return self.create_jobs([spec])[0]
+
+    def create_jobs(self, specs: List[JobSpec]) -> List[Job]:
+        if not specs:
+            return []
+        if self._allocation:
+            return super().create_jobs(specs) if len(specs) > 1 else [self._start_step(specs[0])]
+        if len(specs) > 1 and self._use_arrays and slurm_submit.same_request(specs, self._extra):
+            return self._submit(specs)
+        jobs: List[Job] = []
+        try:
+            for spec in specs:
+                jobs += self._submit([spec])
+        except BaseException:
+            for job in jobs:
+                self.terminate(job, force=True)
+            raise
+        return jobs
+
+    def _submit(self, specs: List[JobSpec]) -> List[Job]:
+        """One ``sbatch``: a single job, or an array with one task per spec."""
+        shared = slurm_submit.shared_env(specs)
+        script = os.path.join(self.run_dir, f"{uuid.uuid4().hex[:12]}.sh")
+        with open(os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700), "w") as fh:
+            fh.write(slurm_submit.batch_script(specs, shared))
+        array = len(specs) > 1
+        pattern = os.path.join(self.run_dir, "%A_%a.out" if array else "%j.out")
+        command = slurm_submit.sbatch_command(specs, script, pattern, self._extra)
+        env = {**os.environ, **shared, SUBMITTED_ENV: "1"}
+        try:
+            out = run_slurm(command, env=env)
+        except BackendError as exc:
+            os.unlink(script)
+            asked = " ".join(slurm_submit.resource_options(specs[0], self._extra))
+            slurm_says = str(exc).split(": ", 1)[-1]
+            raise BackendError(f"Slurm refused {specs[0].name!r} "
+                               f"({asked or 'no resource options'}): {slurm_says}") from None
+        base_id = out.strip().split(";")[0]
+        ids = [f"{base_id}_{i}" for i in range(len(specs))] if array else [base_id]
+        self._table.track(ids, base_id)
+        jobs = []
+        for job_id, spec in zip(ids, specs):
+            log = os.path.join(self.run_dir, f"{job_id}.out")
+            jobs.append(Job(id=job_id, backend=self.name, spec=spec,
+                            data=_JobData(log=log, script=script)))
+            if self._follower is not None:
+                self._follower.follow(log)
+        logger.debug("submitted %s (%d job(s)) for %s", base_id, len(ids), specs[0].name)
+        return jobs
+
+    def _start_step(self, spec: JobSpec) -> Job:
+        """A job step of the allocation this process runs in (``srun --exact``)."""
+        step_name = f"{slurm_submit.job_name(spec)}-{uuid.uuid4().hex[:8]}"
+        log = os.path.join(self.run_dir, f"{self._allocation}-{step_name}.out")
+        step_spec = JobSpec(**{**spec.__dict__, "name": step_name})
+        command = slurm_submit.srun_command(step_spec, self._allocation, log, self._extra)
+        try:
+            srun = subprocess.Popen(command, env={**os.environ, **spec.env}, cwd=spec.cwd,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE)
+        except OSError as exc:
+            raise BackendError(f"could not run srun for {spec.name!r}: {exc}") from exc
+        job = Job(id=f"{self._allocation}:{step_name}", backend=self.name, spec=spec,
+                  data=_JobData(log=log, step=srun, step_name=step_name))
+        if self._follower is not None:
+            self._follower.follow(log)
+        return job
+
+    # -- watching -------------------------------------------------------------------
+    def status(self, job: Job) -> JobStatus:
+        data: _JobData = job.data
+        if data.final is not None:
+            return data.final
+        status = self._step_status(job) if data.step is not None else self._job_status(job)
+        if status.state.finished:
+            data.final = status
+            self._job_ended(job)
+        return status
+
+    def _job_status(self, job: Job) -> JobStatus:
+        data: _JobData = job.data
+        record = self._table.record(job.id)
+        if record is None:
+            return JobStatus(JobState.PENDING)
+        status = status_of(record, killed=data.killed)
+        if status.state is JobState.RUNNING and job.host is None:
+            job.host = record.get("NodeList") or None
+        if status.state is JobState.FAILED and self._log_says_oom(data.log):
+            status = status_of(record, killed=data.killed, oom=True)
+        if status.state.finished:
+            self._table.finished(job.id, record)
+        return status
+
+    def _step_status(self, job: Job) -> JobStatus:
+        data: _JobData = job.data
+        code = data.step.poll()
+        if code is None:
+            return JobStatus(JobState.RUNNING)
+        message = data.step.stderr.read().decode("utf-8", "replace").strip() if data.step.stderr else ""
+        if code > 128:
+            sig = code - 128
+            reason = f"step killed by signal {sig} ({signal.Signals(sig).name})" if sig in \
+                signal.valid_signals() else f"srun exit code {code}"
+            if self._log_says_oom(data.log):
+                reason = "out of memory: Slurm killed the step for using more than its --mem"
+            return JobStatus(JobState.FAILED, -sig, reason)
+        if code == 0:
+            return JobStatus(JobState.SUCCEEDED, 0)
+        return JobStatus(JobState.FAILED, code, message.splitlines()[-1] if message else
+                         f"exit code {code}")
+
+    @staticmethod
+    def _log_says_oom(path: str) -> bool:
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 8192))
+                tail = fh.read()
+        except OSError:
+            return False
+        return b"exceeded memory limit" in tail or b"oom-kill" in tail.lower()
+
+    def _job_ended(self, job: Job) -> None:
+        data: _JobData = job.data
+        if self._follower is not None:
+            self._follower.finish(data.log)
+
+    def wait(self, job: Job, timeout: Optional[float] = None) -> Optional[JobStatus]:
+        data: _JobData = job.data
+        if data.step is not None and data.final is None:
+            try:
+                data.step.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return None
+        return super().wait(job, timeout)
+
+    def time_left(self, job: Job) -> Optional[float]:
+        data: _JobData = job.data
+        if data.final is not None:
+            return None
+        if data.step is not None:
+            job_id = self._allocation
+            record = self._table.record(job_id, max_age=5.0) if job_id else None
+            if record is None and job_id:
+                self._table.track([job_id], job_id)
+                record = self._table.record(job_id)
+        else:
+            record = self._table.record(job.id)
+        if record is None or record.get("State", "").split()[0] != "RUNNING":
+            return None
+        if parse_duration(record.get("TimeLimit", "")) is None:
+            return None
+        left = parse_duration(record.get("TimeLeft", ""))
+        return None if left is None else max(0.0, left - self._table.age())
+
+    # -- stopping -------------------------------------------------------------------
+    def terminate(self, job: Job, force: bool = False) -> None:
+        data: _JobData = job.data
+        if data.final is not None:
+            return
+        if force:
+            data.killed = True
+        target = job.id
+        if data.step is not None:
+            target = self._step_id(data.step_name)
+            if target is None:  # not running yet (or already gone): stop its srun
+                if data.step.poll() is None:
+                    data.step.send_signal(signal.SIGKILL if force else signal.SIGTERM)
+                return
+        command = ["scancel", "--signal=KILL", "--full", target] if force else ["scancel", target]
+        try:
+            run_slurm(command, timeout=30.0)
+        except BackendError as exc:
+            logger.warning("could not cancel Slurm job %s: %s", target, exc)
+
+    def _step_id(self, step_name: str) -> Optional[str]:
+        try:
+            out = run_slurm(["squeue", "-h", "-s", f"--jobs={self._allocation}", "-o", "%i|%j"],
+                            timeout=30.0)
+        except BackendError:
+            return None
+        for line in out.splitlines():
+            step_id, _, name = line.partition("|")
+            if name.strip() == step_name:
+                return step_id.strip()
+        return None
+
+    # -- the rest ---------------------------------------------------------------------
+    def logs(self, job: Job, tail: int = 50) -> str:
+        try:
+            with open(job.data.log, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 256 * tail))
+                text = fh.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-tail:])
+
+    def listen_host(self) -> str:
+        """The configured address if it is one of this machine's; otherwise, in a job,
+        this machine's address on the route back to the parent; else the address of
+        the default route (what other nodes reach)."""
+        if self._listen_host and _is_local_address(self._listen_host):
+            return self._listen_host
+        parent = os.environ.get("FIBERRL_HUB", "")
+        if parent.startswith("tcp://"):
+            host = parent[len("tcp://"):].rsplit(":", 1)[0]
+            address = _address_towards(host)
+            if address:
+                return address
+        from ..transport import default_listen_host
+        return default_listen_host()
+
+    def close(self) -> None:
+        try:
+            os.rmdir(self.run_dir)  # only if every log was cleaned up
+        except OSError:
+            pass
+
