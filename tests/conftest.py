@@ -1,5 +1,6 @@
 """Shared fixtures: every test must leave no child process behind; pools made by a
 test are terminated when it ends."""
+import os
 import time
 
 import psutil
@@ -54,3 +55,40 @@ def make_pool():
         p.terminate()
     for p in made:
         p.join()
+
+
+# -- one test body, several backends ---------------------------------------------------
+# A test marked ``@pytest.mark.any_backend`` runs once per backend in BACKENDS: on the
+# local backend, and as Slurm jobs on the real one-node test cluster.
+BACKENDS = ("local", "slurm")
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.definition.get_closest_marker("any_backend"):
+        metafunc.parametrize("fiberrl_backend", BACKENDS, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def fiberrl_backend(request, tmp_path_factory):
+    """The backend a test runs on (``local`` unless the test is bound to several)."""
+    name = getattr(request, "param", "local")
+    if name == "local":
+        yield name
+        return
+    import slurm_cluster
+    conf = slurm_cluster.up("single")
+    os.environ["SLURM_CONF"] = conf
+    fiberrl.init(backend="slurm", extra={
+        "slurm_log_dir": str(tmp_path_factory.mktemp("slurm-logs"))})
+    try:
+        yield name
+    finally:
+        fiberrl.init()
+        slurm_cluster.assert_no_live_jobs(conf)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _slurm_clusters_down_at_the_end():
+    yield
+    import slurm_cluster
+    slurm_cluster.down_all()

@@ -256,3 +256,10 @@ def stop_first_time(marker_dir, x):
     if first_time(os.path.join(marker_dir, "stopped")):
         os.kill(os.getpid(), signal.SIGSTOP)
     return x * x
+
+
+def sleep_then_square(pair):
+    """``(seconds, x)`` -> ``x * x`` after sleeping ``seconds``."""
+    seconds, x = pair
+    time.sleep(seconds)
+    return x * x

@@ -55,9 +55,11 @@ def _use_shared(shared, counter, queue):
     queue.put(counter.add(5))
 
 
-def test_manager_objects_are_shared_with_jobs():
+@pytest.mark.any_backend
+def test_manager_objects_are_shared_with_jobs(fiberrl_backend):
     with fiberrl.Manager() as manager:
-        assert manager._process.job_id.startswith("local-")
+        job_id = manager._process.job_id  # the server is a job of the backend in use
+        assert job_id.startswith("local-") if fiberrl_backend == "local" else job_id.isdigit()
         shared = manager.dict()
         shared["list"] = manager.list(["from parent"])
         queue = manager.Queue()
@@ -102,6 +104,7 @@ def test_remote_exception_keeps_its_type():
             manager.Counter().fail()
 
 
+@pytest.mark.any_backend
 def test_server_killed_mid_use_raises_a_clear_error():
     manager = fiberrl.Manager()
     shared = manager.dict(a=1)
@@ -206,6 +209,7 @@ def test_asynchronous_wraps_any_proxy_and_fails_futures_when_the_server_dies():
     manager.join(10)
 
 
+@pytest.mark.any_backend
 def test_manager_lock_held_by_a_dead_process_is_released():
     with fiberrl.Manager() as manager:
         lock = manager.Lock()

@@ -30,6 +30,7 @@ def _collect(conn, n, out):
     out.send([conn.recv() for _ in range(n)])
 
 
+@pytest.mark.any_backend
 def test_order_is_preserved_between_processes():
     a, b = fiberrl.Pipe()
     proc = fiberrl.Process(target=_count_to, args=(b, 5000))
@@ -38,6 +39,7 @@ def test_order_is_preserved_between_processes():
     proc.join(30)
 
 
+@pytest.mark.any_backend
 def test_pipe_between_two_children():
     a, b = fiberrl.Pipe()
     result_r, result_w = fiberrl.Pipe(duplex=False)
@@ -66,6 +68,7 @@ def test_echo_objects_bytes_and_eof_after_close():
     proc.join(30)
 
 
+@pytest.mark.any_backend
 def test_eof_when_the_peer_process_is_killed():
     a, b = fiberrl.Pipe()
     ready_r, ready_w = fiberrl.Pipe(duplex=False)

@@ -28,12 +28,12 @@ STATS_FIELDS = ("target", "alive", "starting", "idle", "queued", "pending", "com
                 "worker_deaths", "retried")
 
 
-@pytest.fixture(scope="module")
-def pool():
-    """One Pool(2) shared by the plain API tests, with both workers up.
+@pytest.fixture(scope="module", autouse=True)
+def _shared_local_pool():
+    """One local Pool(2) shared by the plain API tests, with both workers up.
 
-    Its workers exist before each test's leak check takes its snapshot, so they do
-    not count as leaks; tests using it must leave no task running behind them.
+    Autouse, so its workers exist before each test's leak check takes its snapshot
+    and do not count as leaks; tests using it must leave no task running behind them.
     """
     shared = fiberrl.Pool(2)
     try:
@@ -44,7 +44,24 @@ def pool():
         shared.join()
 
 
+@pytest.fixture
+def pool(fiberrl_backend, _shared_local_pool):
+    """A Pool(2) with both workers up: the shared one locally, a fresh one elsewhere
+    (so that no job outlives its test)."""
+    if fiberrl_backend == "local":
+        yield _shared_local_pool
+        return
+    own = fiberrl.Pool(2)
+    try:
+        assert wait_until(lambda: own.stats().alive == 2, 120), own.stats()
+        yield own
+    finally:
+        own.terminate()
+        own.join()
+
+
 # -- the API, with known results ---------------------------------------------------------------
+@pytest.mark.any_backend
 def test_apply_with_args_and_kwds(pool):
     assert pool.apply(square, (7,)) == 49
     assert pool.apply(power, (2,), {"exp": 10, "offset": 1}) == 1025
@@ -58,6 +75,7 @@ def test_apply_async_result_protocol(pool):
     assert result.ready() and result.successful()
 
 
+@pytest.mark.any_backend
 @pytest.mark.parametrize("chunksize", [None, 1, 3, 7, 50, 1000])
 def test_map_and_map_async(pool, chunksize):
     assert pool.map(square, range(50), chunksize) == SQUARES
@@ -78,6 +96,7 @@ def test_starmap_and_starmap_async(pool, chunksize):
     assert pool.starmap_async(add, iter(pairs), chunksize).get(timeout=GET) == expected
 
 
+@pytest.mark.any_backend
 @pytest.mark.parametrize("chunksize", [1, 3, 64])
 def test_imap_and_imap_unordered(pool, chunksize):
     assert list(pool.imap(square, range(50), chunksize)) == SQUARES
@@ -148,6 +167,7 @@ def test_imap_consumes_an_endless_iterable_lazily(make_pool, method):
 
 
 # -- exceptions, callbacks, what travels --------------------------------------------------------
+@pytest.mark.any_backend
 def test_task_exception_keeps_type_and_remote_traceback(pool):
     result = pool.apply_async(fail_on, (7,))
     with pytest.raises(Boom, match="bad value 7") as info:
@@ -202,6 +222,7 @@ def test_callbacks_run_in_a_pool_thread_before_get_returns(pool):
     assert len(failed) == 1 and isinstance(failed[0], Boom)
 
 
+@pytest.mark.any_backend
 def test_lambdas_closures_and_local_functions(pool):
     factor = 3
 
@@ -216,6 +237,7 @@ def test_lambdas_closures_and_local_functions(pool):
     assert pool.apply_async(lambda v: [v, {"twice": v * 2}], (21,)).get(GET) == [21, {"twice": 42}]
 
 
+@pytest.mark.any_backend
 def test_initializer_globals_are_seen_by_tasks(make_pool):
     p = make_pool(2, initializer=pool_helpers.set_state, initargs=("from-initializer",))
     assert p.map(pool_helpers.read_state, range(6), 1) == ["from-initializer"] * 6
@@ -279,6 +301,7 @@ def test_idle_workers_pull_tasks(make_pool):
     assert took < 3.5, f"8 tasks of 0.5 s on Pool(4) took {took:.1f} s"
 
 
+@pytest.mark.any_backend
 def test_maxtasksperchild_replaces_workers(make_pool):
     p = make_pool(2, maxtasksperchild=2)
     out = p.map_async(square_with_pid, range(12), 1).get(timeout=120)
@@ -314,6 +337,7 @@ def test_methods_of_a_stopped_pool_raise_value_error(make_pool, how):
     p.join()
 
 
+@pytest.mark.any_backend
 def test_terminate_while_tasks_run(make_pool, tmp_path):
     p = make_pool(2)
     results = [p.apply_async(mark_then_sleep, (str(tmp_path), i, 120)) for i in range(100)]
@@ -392,6 +416,7 @@ def test_workers_are_process_objects(pool):
     assert set(pool.map(pool_helpers.sleep_then_pid, [0.3] * 8, 1)) <= pids
 
 
+@pytest.mark.any_backend
 def test_resize_up_and_down(make_pool):
     p = make_pool(1)
     assert p.processes == 1

@@ -31,6 +31,7 @@ def test_error_types():
     assert issubclass(fiberrl.TaskDeserializationError, pickle.UnpicklingError)
 
 
+@pytest.mark.any_backend
 @pytest.mark.parametrize("how", ["sigkill", "exit", "segfault"])
 def test_task_of_a_dead_worker_is_rerun(make_pool, tmp_path, how):
     p = make_pool(2)
@@ -43,6 +44,7 @@ def test_task_of_a_dead_worker_is_rerun(make_pool, tmp_path, how):
     assert p.map(square, range(20)) == SQUARES
 
 
+@pytest.mark.any_backend
 def test_worker_killed_while_idle_is_replaced(make_pool):
     p = make_pool(2)
     assert wait_until(lambda: len(live_worker_pids(p)) == 2, 60), p.stats()
@@ -61,6 +63,7 @@ def test_worker_killed_while_idle_is_replaced(make_pool):
     assert p.map(square, range(20)) == SQUARES
 
 
+@pytest.mark.any_backend
 @pytest.mark.parametrize("how", ["sigkill", "exit", "segfault"])
 def test_task_that_always_kills_its_worker_fails_with_task_retry_error(make_pool, tmp_path, how):
     p = make_pool(2, max_task_retries=2)

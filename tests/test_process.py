@@ -46,6 +46,7 @@ class Subclassed(fiberrl.Process):
         self.queue.put(("run override", self.name))
 
 
+@pytest.mark.any_backend
 def test_start_join_exitcode_and_pid():
     queue = fiberrl.Queue()
     proc = fiberrl.Process(target=_report, args=(queue, 42), name="worker-a")
@@ -59,6 +60,7 @@ def test_start_join_exitcode_and_pid():
     assert proc not in fiberrl.active_children()
 
 
+@pytest.mark.any_backend
 @pytest.mark.parametrize("target,args,code", [(_exit_with, (3,), 3), (_exit_with, (0,), 0),
                                               (_raise, (), 1)])
 def test_exit_codes_follow_multiprocessing(target, args, code):
@@ -83,6 +85,7 @@ def test_sigkill_gives_minus_nine_and_join_returns_within_a_second():
     assert "SIGKILL" in proc.exit_reason
 
 
+@pytest.mark.any_backend
 def test_terminate_and_kill():
     first = fiberrl.Process(target=_sleep_forever)
     second = fiberrl.Process(target=_sleep_forever)
@@ -94,6 +97,7 @@ def test_terminate_and_kill():
     assert second.exitcode == -signal.SIGKILL
 
 
+@pytest.mark.any_backend
 def test_lambda_and_closure_targets_travel_by_value():
     queue = fiberrl.Queue()
     offset = 100
@@ -111,6 +115,7 @@ def test_lambda_and_closure_targets_travel_by_value():
     assert got == {101, "lambda"}
 
 
+@pytest.mark.any_backend
 def test_subclass_run_override_and_nested_processes():
     queue = fiberrl.Queue()
     sub = Subclassed(queue)
@@ -160,6 +165,7 @@ def test_resource_hints_are_validated():
     assert proc._resources == {"cpu": 2, "mem": 1 << 30}
 
 
+@pytest.mark.any_backend
 def test_sentinel_becomes_ready_when_the_job_ends():
     from multiprocessing.connection import wait
     proc = fiberrl.Process(target=_exit_with, args=(0,))
@@ -169,6 +175,7 @@ def test_sentinel_becomes_ready_when_the_job_ends():
     assert proc.exitcode == 0
 
 
+@pytest.mark.any_backend
 def test_job_logs_keep_the_tail_of_its_output():
     proc = fiberrl.Process(target=_raise)
     proc.start()

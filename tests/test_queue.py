@@ -31,6 +31,7 @@ def _die_before_ack(q):
     q.get()
 
 
+@pytest.mark.any_backend
 def test_each_item_goes_to_exactly_one_get():
     q, out = fiberrl.Queue(), fiberrl.Queue()
     producers = [fiberrl.Process(target=_produce, args=(q, 1000 * k, 300)) for k in range(3)]
@@ -91,6 +92,7 @@ def test_numpy_arrays_round_trip_and_are_copied_at_put():
     assert got[0] == 0 and got[-1] == 999_999 and got.flags.writeable
 
 
+@pytest.mark.any_backend
 def test_remote_consumer_gets_large_arrays():
     q, out = fiberrl.Queue(), fiberrl.Queue()
     proc = fiberrl.Process(target=_consume, args=(q, out, 2))
@@ -102,6 +104,7 @@ def test_remote_consumer_gets_large_arrays():
     assert arr.sum() == 512 * 512 and blob == b"x" * (1 << 20)
 
 
+@pytest.mark.any_backend
 def test_joinable_queue_join_waits_for_task_done():
     q = fiberrl.JoinableQueue()
     workers = [fiberrl.Process(target=_worker, args=(q,)) for _ in range(2)]
@@ -126,6 +129,7 @@ def test_simple_queue():
     assert not q.empty() and q.get() == "a"
 
 
+@pytest.mark.any_backend
 def test_item_in_flight_to_a_consumer_that_dies_is_not_lost():
     q = fiberrl.Queue()
     proc = fiberrl.Process(target=_die_before_ack, args=(q,))
@@ -152,6 +156,7 @@ def _put_then_join(q, n):
     q.join()  # must not overtake this process's own batched puts
 
 
+@pytest.mark.any_backend
 def test_batched_puts_are_all_delivered_before_the_job_exits():
     q = fiberrl.Queue()
     proc = fiberrl.Process(target=_produce, args=(q, 0, 5000))
