@@ -150,7 +150,15 @@ def resolve(**overrides: Any) -> Config:
     if not inherited:
         values.update(_from_env())
     values.update(overrides)
-    return Config(**{k: _coerce(k, v) for k, v in values.items()})
+    config = Config(**{k: _coerce(k, v) for k, v in values.items()})
+    object.__setattr__(config, "_explicit", frozenset(values))  # not a field
+    return config
+
+
+def is_explicit(config: Config, key: str) -> bool:
+    """True if ``key`` of ``config`` was set (init, environment, file or the parent
+    job), False if it is the default."""
+    return key in getattr(config, "_explicit", frozenset())
 
 
 _lock = threading.Lock()

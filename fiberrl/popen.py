@@ -15,6 +15,7 @@ others a watcher thread closes it when the backend reports the job finished.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import pickle
@@ -123,6 +124,14 @@ def _find_unpicklable(process_obj) -> Optional[str]:
     return None
 
 
+def _inherited_config(cfg, backend) -> str:
+    """The configuration a job inherits, naming the backend in use (which may have
+    been detected rather than configured)."""
+    if cfg.backend != backend.name:
+        cfg = dataclasses.replace(cfg, backend=backend.name)
+    return cfg.to_json()
+
+
 class _PicklingMarker:
     """Stands in for a spawning Popen while pickling, so the stdlib lets
     ``AuthenticationString`` (the process's authkey) be pickled."""
@@ -155,7 +164,7 @@ class Popen:
         token = secrets.token_hex(12)
         read_fd, write_fd = os.pipe()
         env = {HUB_ENV: service.hub.address, TOKEN_ENV: token, JOB_ENV: process_obj.name,
-               INHERITED_ENV: cfg.to_json(), **transport.secret_env()}
+               INHERITED_ENV: _inherited_config(cfg, backend), **transport.secret_env()}
         if backend.shares_host:
             env[SENTINEL_ENV] = str(write_fd)
         resources = {"cpu": cfg.cpu, "mem": cfg.mem, "gpu": cfg.gpu,

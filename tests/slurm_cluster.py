@@ -33,8 +33,9 @@ def _running(topology: str) -> bool:
     env = {**os.environ, "SLURM_CONF": conf}
     done = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True,
                           timeout=30)
-    return done.returncode == 0 and done.stdout.split() != [] and all(
-        state.rstrip("*") in ("idle", "mix", "alloc") for state in done.stdout.split())
+    states = done.stdout.split()  # a trailing "*" means the node does not respond
+    return done.returncode == 0 and states != [] and all(
+        state in ("idle", "mix", "alloc") for state in states)
 
 
 def up(topology: str) -> str:

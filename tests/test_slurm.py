@@ -192,11 +192,12 @@ if __name__ == "__main__":
 """
 
 
-def test_inside_an_allocation_workers_are_job_steps(slurm, tmp_path):
+def test_inside_an_allocation_the_backend_is_slurm_and_workers_are_job_steps(slurm, tmp_path):
     master = tmp_path / "master.py"
     master.write_text(ALLOCATION_MASTER)
     out = tmp_path / "master.out"
-    env = {**os.environ, "FIBERRL_BACKEND": "slurm", "PYTHONPATH": os.getcwd()}
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}  # no FIBERRL_BACKEND: detected
+    env.pop("FIBERRL_BACKEND", None)
     job = subprocess.run(["sbatch", "--parsable", "--wait", "-c", "4", "--mem=2G", f"--output={out}",
                           "--wrap", f"{sys.executable} {master}"],
                          env=env, capture_output=True, text=True, timeout=240)
@@ -220,7 +221,7 @@ def host_after(delay):
 
 if __name__ == "__main__":
     fiberrl.init(backend="slurm", heartbeat_timeout=5)
-    with fiberrl.Pool(4) as pool:
+    with fiberrl.Pool(4, cpu=4) as pool:  # 8-CPU nodes: two workers on each
         hosts = set(pool.map(host_after, [0.2] * 40, 1))
         print("HOSTS", sorted(hosts), flush=True)
         if sys.argv[1] == "kill-node":

@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import Callable, Dict, Optional
 
-from ..config import get_config
+from ..config import get_config, is_explicit
 from ..errors import ConfigError
 from .base import Backend, Job, JobSpec, JobState, JobStatus
 
@@ -65,8 +65,13 @@ def get_backend(name: str, **kwargs) -> Backend:
 
 
 def detect_backend_name() -> str:
-    """The configured backend; otherwise ``local``."""
-    return get_config().backend or "local"
+    """The configured backend; unset, ``slurm`` inside a Slurm allocation (so a
+    script run with ``sbatch``/``salloc`` starts its processes as job steps), else
+    ``local``."""
+    cfg = get_config()
+    if not is_explicit(cfg, "backend") and os.environ.get("SLURM_JOB_ID"):
+        return "slurm"
+    return cfg.backend or "local"
 
 
 def default_backend() -> Backend:
