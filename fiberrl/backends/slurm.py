@@ -236,7 +236,8 @@ class SlurmBackend(Backend):
         step_name = f"{slurm_submit.job_name(spec)}-{uuid.uuid4().hex[:8]}"
         log = os.path.join(self.run_dir, f"{self._allocation}-{step_name}.out")
         step_spec = JobSpec(**{**spec.__dict__, "name": step_name})
-        command = slurm_submit.srun_command(step_spec, self._allocation, log, self._extra)
+        command = slurm_submit.srun_command(step_spec, self._allocation, log,
+                                            slurm_submit.allocation_mem_per_cpu(os.environ))
         try:
             srun = subprocess.Popen(command, env={**os.environ, **spec.env}, cwd=spec.cwd,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import ConfigError
 from .base import JobSpec
@@ -161,18 +161,32 @@ def sbatch_command(specs: Sequence[JobSpec], script_path: str, output_pattern: s
 
 
 def srun_command(spec: JobSpec, allocation: str, output_path: str,
-                 config_extra: Mapping[str, Any]) -> List[str]:
+                 mem_per_cpu: Optional[int] = None) -> List[str]:
     """The ``srun`` command line that runs ``spec`` as a job step of ``allocation``.
 
     Time limits, partitions, accounts and QOS belong to the allocation, so only the
     per-step resources are passed; ``--exact`` gives the step just what it asked for,
-    so several steps share the allocation.
+    so several steps share the allocation. A step that names no memory would take
+    all of the allocation's: it gets ``mem_per_cpu`` MiB per CPU instead (the
+    allocation's memory over its CPUs).
     """
     options = [o for o in resource_options(spec, {}) if o.split("=")[0] in
                ("--cpus-per-task", "--mem", "--gres")]
     if not any(o.startswith("--cpus-per-task") for o in options):
         options.append("--cpus-per-task=1")
+    if mem_per_cpu and not any(o.startswith("--mem") for o in options):
+        options.append(f"--mem-per-cpu={mem_per_cpu}M")
     return (["srun", f"--jobid={allocation}", "--ntasks=1", "--nodes=1", "--exact",
              "--kill-on-bad-exit=1", "--quiet", f"--job-name={job_name(spec)}",
              f"--output={output_path}", "--export=ALL"] + options
             + list(spec.command))
+
+
+def allocation_mem_per_cpu(env: Mapping[str, str]) -> Optional[int]:
+    """MiB per CPU of the allocation described by ``env`` (a job's ``SLURM_*``)."""
+    if env.get("SLURM_MEM_PER_CPU", "").isdigit():
+        return int(env["SLURM_MEM_PER_CPU"])
+    per_node, cpus = env.get("SLURM_MEM_PER_NODE", ""), env.get("SLURM_CPUS_ON_NODE", "")
+    if per_node.isdigit() and cpus.isdigit() and int(cpus) > 0:
+        return max(1, int(per_node) // int(cpus))
+    return None
