@@ -82,6 +82,21 @@ def test_array_script_selects_each_task_and_keeps_shared_variables_out():
     assert "--array=0-2" in command and "--no-requeue" in command and "s3cret" not in command
 
 
+def test_a_job_step_asks_for_its_share_of_the_allocations_memory():
+    spec = JobSpec(command=["python", "-m", "fiberrl.spawn"], name="Pool-1-worker-3",
+                   extra={"partition": "big", "time_limit": 60})
+    mem = slurm_submit.allocation_mem_per_cpu({"SLURM_MEM_PER_NODE": "8192",
+                                               "SLURM_CPUS_ON_NODE": "16"})
+    command = slurm_submit.srun_command(spec, "77", "/logs/step.out", mem)
+    assert command[:4] == ["srun", "--jobid=77", "--ntasks=1", "--nodes=1"]
+    assert "--exact" in command and "--cpus-per-task=1" in command
+    assert "--mem-per-cpu=512M" in command
+    assert not any(o.startswith(("--partition", "--time")) for o in command)  # the allocation's
+    assert command[-3:] == ["python", "-m", "fiberrl.spawn"]
+    spec.mem = 1 << 30
+    assert "--mem=1024M" in slurm_submit.srun_command(spec, "77", "/l", mem)
+
+
 @pytest.mark.parametrize("record,state,code,reason", [
     ({"State": "COMPLETED", "exit_code": "0"}, JobState.SUCCEEDED, 0, ""),
     ({"State": "FAILED", "exit_code": str(3 << 8), "Reason": "NonZeroExitCode"},
