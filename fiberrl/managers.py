@@ -154,8 +154,7 @@ def local_referent(proxy: Any) -> Any:
 
 def _listen_host() -> str:
     from .backends import default_backend
-    from .config import get_config
-    return get_config().listen_host or default_backend().listen_host()
+    return default_backend().listen_host()  # honours the listen_host setting
 
 
 class Server(mp_managers.Server):

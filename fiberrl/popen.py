@@ -31,6 +31,7 @@ from typing import Dict, Iterator, Optional
 
 from . import reduction, transport
 from .backends import JobSpec, JobState, default_backend
+from .backends.base import RUN_ENV, run_id
 from .config import INHERITED_ENV, get_config
 from .hub import Hub, Request, existing_service, service
 
@@ -164,6 +165,7 @@ class Popen:
         token = secrets.token_hex(12)
         read_fd, write_fd = os.pipe()
         env = {HUB_ENV: service.hub.address, TOKEN_ENV: token, JOB_ENV: process_obj.name,
+               RUN_ENV: run_id(),
                INHERITED_ENV: _inherited_config(cfg, backend), **transport.secret_env()}
         if backend.shares_host:
             env[SENTINEL_ENV] = str(write_fd)

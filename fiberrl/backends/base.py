@@ -9,9 +9,34 @@ from __future__ import annotations
 
 import abc
 import enum
+import getpass
+import os
+import secrets
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
+
+
+#: every job of one run (a root process and all it starts) carries the run's id here
+RUN_ENV = "FIBERRL_RUN_ID"
+
+
+def run_id() -> str:
+    """This run's id: inherited by jobs, made up (``host-pid-xxxx``) in a root process."""
+    value = os.environ.get(RUN_ENV)
+    if not value:
+        value = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+        os.environ[RUN_ENV] = value
+    return value
+
+
+def user_name() -> str:
+    """The user this process runs as (the owner of the jobs it starts)."""
+    try:
+        return getpass.getuser()
+    except Exception:  # no name for this uid (containers)
+        return str(os.getuid())
 
 
 class JobState(enum.Enum):
@@ -52,6 +77,19 @@ class JobSpec:
     extra: Dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class JobInfo:
+    """One fiberrl job as ``fiberrl ps`` lists it."""
+
+    id: str
+    backend: str
+    name: str
+    run: str
+    state: str
+    host: str = ""
+    created: str = ""
+
+
 @dataclass
 class Job:
     """A handle on a submitted job. ``data`` is the backend's private state."""
@@ -85,6 +123,8 @@ class Backend(abc.ABC):
     name: str = ""
     #: True when jobs run on this machine and inherit ``JobSpec.pass_fds``.
     shares_host: bool = False
+    #: True when the jobs' output is forwarded to this process's stdout as it comes.
+    forwards_output: bool = False
 
     @abc.abstractmethod
     def create_job(self, spec: JobSpec) -> Job:
@@ -137,6 +177,15 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def listen_host(self) -> str:
         """The address this process's hub should bind so that this backend's jobs reach it."""
+
+    # -- what the command line needs (jobs of earlier runs, known by id) ----------
+    def list_jobs(self) -> List[JobInfo]:
+        """This user's fiberrl jobs that the backend still knows (running or finished)."""
+        raise NotImplementedError(f"the {self.name} backend cannot list jobs")
+
+    def attach(self, job_id: str) -> Job:
+        """A handle on an existing job (for ``logs``, ``status``, ``terminate``)."""
+        raise NotImplementedError(f"the {self.name} backend cannot attach to job {job_id}")
 
     def close(self) -> None:
         """Release the backend's resources (threads, clients)."""

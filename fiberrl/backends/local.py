@@ -13,10 +13,12 @@ import selectors
 import signal
 import subprocess
 import threading
-from typing import Dict, Optional
+import time
+from typing import Dict, List, Optional
 
 from ..errors import BackendError
-from .base import Backend, Job, JobSpec, JobState, JobStatus
+from . import addresses
+from .base import RUN_ENV, Backend, Job, JobInfo, JobSpec, JobState, JobStatus
 
 logger = logging.getLogger(__name__)
 
@@ -91,14 +93,35 @@ class _OutputPump:
                 self.tails[job_id].extend(chunk.decode("utf-8", "replace").splitlines())
 
 
+class _Attached:
+    """A local job of another run: ``psutil`` stands in for its ``Popen``."""
+
+    def __init__(self, proc) -> None:
+        self.proc = proc
+
+    def poll(self) -> Optional[int]:
+        return None if self.proc.is_running() and self.proc.status() != "zombie" else 0
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        import psutil
+        try:
+            return self.proc.wait(timeout) or 0
+        except psutil.TimeoutExpired:
+            raise subprocess.TimeoutExpired("job", timeout) from None
+
+    def send_signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+
 class LocalBackend(Backend):
     """Jobs as subprocesses of this machine (the default backend)."""
 
     name = "local"
     shares_host = True
+    forwards_output = True
 
     def __init__(self, listen_host: Optional[str] = None) -> None:
-        self._listen_host = listen_host or "127.0.0.1"
+        self._listen_host = listen_host
         self._pump: Optional[_OutputPump] = None
         self._pump_lock = threading.Lock()
 
@@ -156,4 +179,34 @@ class LocalBackend(Backend):
         return "\n".join(lines[-tail:])
 
     def listen_host(self) -> str:
-        return self._listen_host
+        return addresses.listen_host(self._listen_host, lambda: "127.0.0.1")
+
+    # -- the command line: jobs of any run of this user, found by their environment --
+    def list_jobs(self) -> List[JobInfo]:
+        import psutil
+        jobs = []
+        for proc in psutil.process_iter(["pid", "username", "status", "create_time"]):
+            try:
+                env = proc.environ()
+            except (psutil.Error, OSError):
+                continue
+            if RUN_ENV not in env or proc.info["username"] != psutil.Process().username():
+                continue
+            if proc.pid == os.getpid():
+                continue
+            created = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(proc.info["create_time"]))
+            jobs.append(JobInfo(id=f"local-{proc.pid}", backend=self.name,
+                                name=env.get("FIBERRL_JOB_NAME", "main"), run=env[RUN_ENV],
+                                state=proc.info["status"], host="localhost", created=created))
+        return jobs
+
+    def attach(self, job_id: str) -> Job:
+        import psutil
+        try:
+            proc = psutil.Process(int(job_id.rsplit("-", 1)[-1]))
+            if RUN_ENV not in proc.environ():
+                raise ValueError("not a fiberrl job")
+        except (psutil.Error, ValueError, OSError) as exc:
+            raise BackendError(f"no local fiberrl job {job_id!r}: {exc}") from None
+        return Job(id=job_id, backend=self.name, spec=JobSpec(command=[], name=job_id),
+                   host="localhost", pid=proc.pid, data=_Attached(proc))

@@ -39,8 +39,8 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from ..config import get_config
 from ..errors import BackendError
-from . import slurm_submit
-from .base import Backend, Job, JobSpec, JobState, JobStatus
+from . import addresses, slurm_submit
+from .base import Backend, Job, JobInfo, JobSpec, JobState, JobStatus
 from .slurm_jobs import JobTable, parse_duration, run_slurm, status_of
 
 logger = logging.getLogger(__name__)
@@ -72,25 +72,6 @@ def allocation_for_steps(setting: str = "auto") -> Optional[str]:
     if setting == "never" or SUBMITTED_ENV in os.environ:
         return None
     return os.environ.get("SLURM_JOB_ID") or None
-
-
-def _is_local_address(host: str) -> bool:
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.bind((host, 0))
-        return True
-    except OSError:
-        return False
-
-
-def _address_towards(host: str) -> Optional[str]:
-    """This machine's address on the route to ``host``."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((host, 9))
-            return probe.getsockname()[0]
-    except OSError:
-        return None
 
 
 class _OutputFollower:
@@ -177,6 +158,7 @@ class SlurmBackend(Backend):
         self._table = JobTable()
         self._follower = (_OutputFollower() if self._extra.get("slurm_forward_output", True)
                           else None)
+        self.forwards_output = self._follower is not None
         self._lock = threading.Lock()
 
     # -- submitting ---------------------------------------------------------------
@@ -369,6 +351,28 @@ class SlurmBackend(Backend):
                 return step_id.strip()
         return None
 
+    # -- the command line ---------------------------------------------------------------
+    def list_jobs(self) -> List[JobInfo]:
+        out = run_slurm(["squeue", "--me", "-h", "-t", "all", "-o", "%i|%j|%T|%N|%k|%V"])
+        jobs = []
+        for line in out.splitlines():
+            job_id, name, state, nodes, comment, submitted = (line.split("|") + [""] * 6)[:6]
+            if comment.startswith(slurm_submit.COMMENT_PREFIX):
+                jobs.append(JobInfo(id=job_id, backend=self.name, name=name, state=state,
+                                    run=comment[len(slurm_submit.COMMENT_PREFIX):], host=nodes,
+                                    created=submitted))
+        return jobs
+
+    def attach(self, job_id: str) -> Job:
+        try:
+            out = run_slurm(["scontrol", "-o", "show", "job", job_id])
+        except BackendError as exc:
+            raise BackendError(f"no Slurm job {job_id!r}: {exc}") from None
+        fields = dict(token.split("=", 1) for token in out.split() if "=" in token)
+        self._table.track([job_id], job_id.split("_")[0])
+        return Job(id=job_id, backend=self.name, spec=JobSpec(command=[], name=fields.get(
+            "JobName", job_id)), data=_JobData(log=fields.get("StdOut", "")))
+
     # -- the rest ---------------------------------------------------------------------
     def logs(self, job: Job, tail: int = 50) -> str:
         try:
@@ -381,19 +385,10 @@ class SlurmBackend(Backend):
         return "\n".join(text.splitlines()[-tail:])
 
     def listen_host(self) -> str:
-        """The configured address if it is one of this machine's; otherwise, in a job,
-        this machine's address on the route back to the parent; else the address of
-        the default route (what other nodes reach)."""
-        if self._listen_host and _is_local_address(self._listen_host):
-            return self._listen_host
-        parent = os.environ.get("FIBERRL_HUB", "")
-        if parent.startswith("tcp://"):
-            host = parent[len("tcp://"):].rsplit(":", 1)[0]
-            address = _address_towards(host)
-            if address:
-                return address
+        """See :mod:`.addresses`; outside a job, the address of the default route (what
+        other nodes reach)."""
         from ..transport import default_listen_host
-        return default_listen_host()
+        return addresses.listen_host(self._listen_host, default_listen_host)
 
     def close(self) -> None:
         try:

@@ -34,6 +34,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from ..errors import ConfigError
 from .base import JobSpec
 
+#: every fiberrl job's ``--comment`` starts with this, then the run's id (``fiberrl ps``)
+COMMENT_PREFIX = "fiberrl:"
 #: resource-hint names the Slurm backend understands beyond cpu/mem/gpu
 SLURM_HINTS = ("time_limit", "partition", "account", "qos", "sbatch_options")
 _CONFIG_KEYS = {"time_limit": "slurm_time_limit", "partition": "slurm_partition",
@@ -150,7 +152,8 @@ def sbatch_command(specs: Sequence[JobSpec], script_path: str, output_pattern: s
                    config_extra: Mapping[str, Any]) -> List[str]:
     """The ``sbatch`` command line that submits ``specs`` (one job, or an array)."""
     command = ["sbatch", "--parsable", "--no-requeue", f"--job-name={job_name(specs[0])}",
-               f"--output={output_pattern}", "--export=ALL", "--kill-on-invalid-dep=yes"]
+               f"--output={output_pattern}", "--export=ALL", "--kill-on-invalid-dep=yes",
+               f"--comment={COMMENT_PREFIX}{specs[0].env.get('FIBERRL_RUN_ID', '')}"]
     if specs[0].cwd:
         command.append(f"--chdir={specs[0].cwd}")
     if len(specs) > 1:

@@ -70,7 +70,7 @@ class _PoolCore:
         self.state = RUN
         self.feeders: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
         backend = default_backend()
-        host = get_config().listen_host or backend.listen_host()
+        host = backend.listen_host()  # honours the listen_host setting
         import queue
         events: "queue.SimpleQueue" = queue.SimpleQueue()
         self.dispatcher = Dispatcher(host, max_task_retries, heartbeat_timeout, idle_timeout,
