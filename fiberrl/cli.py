@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     backends = sub.add_parser("backends", help="list the backends available here")
     backends.set_defaults(func=_backends)
+    from . import cli_jobs
+    cli_jobs.register(sub)
     for entry in _command_entry_points():
         try:
             entry.load()(sub)
