@@ -7,7 +7,8 @@ EXTRAS = {
     "rl": ["torch==2.13.0", "gymnasium>=1.0", "tensorboard"],
     "cpe": ["scipy>=1.9"],
     "parquet": ["pyarrow>=12"],
-    "test": ["pytest>=7", "pytest-timeout>=2", "scipy>=1.9", "pyarrow>=12", "gymnasium>=1.0"],
+    "test": ["pytest>=7", "pytest-timeout>=2", "scipy>=1.9", "pyarrow>=12", "gymnasium>=1.0",
+             "docker>=7", "kubernetes>=29"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 

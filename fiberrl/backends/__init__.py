@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 _BUILTIN = {
     "local": "fiberrl.backends.local:LocalBackend",
     "slurm": "fiberrl.backends.slurm:SlurmBackend",
+    "docker": "fiberrl.backends.docker:DockerBackend",
+    "kubernetes": "fiberrl.backends.kubernetes:KubernetesBackend",
 }
 _registered: Dict[str, Callable[..., Backend]] = {}
 _lock = threading.Lock()

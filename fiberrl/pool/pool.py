@@ -91,11 +91,16 @@ class _PoolCore:
 
     def join(self, timeout: Optional[float] = None) -> bool:
         for thread in (self.supervisor.thread, self.dispatcher.thread):
+            if thread is threading.current_thread():
+                continue  # terminate() from a callback: the pool's own threads wind down
             if thread.is_alive():
                 thread.join(timeout)
                 if thread.is_alive():
                     return False
         return True
+
+
+TERMINATE_WAIT = 15.0  # seconds terminate() waits for the workers to be gone
 
 
 def _terminate_core(core: _PoolCore) -> None:
@@ -231,6 +236,9 @@ class Pool:
         self._state = TERMINATE
         if self._core is not None:
             self._core.terminate()
+            # like the stdlib's, return once the workers are gone (bounded: a backend
+            # that does not answer must not hang the caller)
+            self._core.join(TERMINATE_WAIT)
 
     def join(self, timeout: Optional[float] = None) -> None:
         """Wait for the workers to exit (after :meth:`close` or :meth:`terminate`)."""

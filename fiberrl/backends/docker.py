@@ -1,0 +1,279 @@
+"""The Docker backend: each fiberrl process is a container (the official ``docker`` SDK).
+
+- ``create_job``: ``containers.run`` of the worker image (``image`` setting; default
+  ``fiberrl-worker:cpu``, see ``images/``) running ``python3 -m fiberrl.spawn``
+  under Docker's init (so the job is not PID 1 and signals act as on a host);
+  ``cpu`` -> ``nano_cpus``, ``mem`` -> ``mem_limit`` (swap off), ``gpu`` -> a GPU
+  device request. The run's secret is in the container's environment (readable
+  by whoever can talk to dockerd, who is root-equivalent anyway), never in its
+  command. Containers carry labels ``fiberrl.run``, ``fiberrl.user`` and
+  ``fiberrl.name``, so ``fiberrl ps`` finds them.
+- The container reaches its parent's hub at the host's routable address (the
+  listen address of a master using this backend); containers on a user-defined
+  network or ``--network=host`` work too (``docker_network`` setting).
+- The code: the working directory is mounted read-only at the same path and is the
+  container's working directory (``docker_mount_cwd``, default true), so modules
+  next to the script import as they do locally; ``fiberrl run`` instead builds an
+  image holding the code. ``docker_volumes`` adds mounts (``{"/host": "/in"}`` or
+  the SDK's dict form).
+- ``status``: the container's state; exit codes above 128 become ``-signal``;
+  ``OOMKilled`` becomes an "out of memory" reason. A finished container's log tail
+  is kept and the container removed.
+- ``logs``: the container's output, also forwarded live to this process's stdout
+  (``docker_forward_output``, default true).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional
+
+from ..config import get_config
+from ..errors import BackendError
+from . import addresses
+from .base import Backend, Job, JobInfo, JobSpec, JobState, JobStatus, run_id, user_name
+from .local import describe_exit
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_IMAGE = "fiberrl-worker:cpu"
+LABEL_RUN, LABEL_USER, LABEL_NAME = "fiberrl.run", "fiberrl.user", "fiberrl.name"
+_TAIL_KEPT = 200
+
+
+def _docker_module():
+    try:
+        import docker
+    except ImportError as exc:
+        raise BackendError("the docker backend needs the docker SDK: "
+                           "pip install 'fiberrl[docker]'") from exc
+    return docker
+
+
+@dataclass
+class _ContainerData:
+    """The backend's private state for one container."""
+
+    container: Any
+    final: Optional[JobStatus] = None
+    tail: str = ""
+
+
+def exit_status(state: Mapping[str, Any]) -> JobStatus:
+    """fiberrl's view of a container's ``State`` (``docker inspect``)."""
+    status = state.get("Status")
+    if status in ("created", "restarting"):
+        return JobStatus(JobState.PENDING)
+    if status in ("running", "paused", "removing"):
+        return JobStatus(JobState.RUNNING)
+    code = int(state.get("ExitCode") or 0)
+    if state.get("OOMKilled"):
+        return JobStatus(JobState.FAILED, -int(signal.SIGKILL),
+                         "OOMKilled: the container used more than its memory limit")
+    if code > 128 and code - 128 in {s.value for s in signal.Signals}:
+        code = -(code - 128)  # docker's init reports death by signal N as 128 + N
+    if state.get("Error"):
+        return JobStatus(JobState.FAILED, code or 1, f"docker: {state['Error']}")
+    if code == 0:
+        return JobStatus(JobState.SUCCEEDED, 0)
+    return JobStatus(JobState.FAILED, code, describe_exit(code))
+
+
+def container_name(spec: JobSpec) -> str:
+    """A unique, valid container name for the process ``spec.name``."""
+    slug = re.sub(r"[^a-zA-Z0-9_.-]", "-", spec.name).strip("-.")[:40] or "job"
+    return f"fiberrl-{slug}-{uuid.uuid4().hex[:8]}"
+
+
+class _OutputForwarder:
+    """Streams each container's output to this process's stdout, one thread per container."""
+
+    def follow(self, container: Any) -> None:
+        thread = threading.Thread(target=self._pump, args=(container,), daemon=True,
+                                  name=f"fiberrl-docker-output-{container.name}")
+        thread.start()
+
+    @staticmethod
+    def _pump(container: Any) -> None:
+        try:
+            for chunk in container.logs(stream=True, follow=True):
+                os.write(1, chunk)
+        except Exception:  # the container was removed: its output is over
+            logger.debug("output of %s ended", container.name, exc_info=True)
+
+
+class DockerBackend(Backend):
+    """One container per process, through the Docker SDK (``DOCKER_HOST`` or the local socket)."""
+
+    name = "docker"
+    shares_host = False
+
+    def __init__(self, listen_host: Optional[str] = None) -> None:
+        docker = _docker_module()
+        try:
+            self._client = docker.from_env(timeout=60)
+            self._client.ping()
+        except Exception as exc:
+            raise BackendError(f"cannot reach dockerd ({exc}); scripts/docker-up.sh starts one "
+                               "here") from exc
+        self._docker = docker
+        cfg = get_config()
+        self._extra: Mapping[str, Any] = cfg.extra
+        self._image = cfg.image or self._extra.get("docker_image") or DEFAULT_IMAGE
+        self._listen_host = listen_host
+        self._images_seen: set = set()
+        self._forwarder = (_OutputForwarder() if self._extra.get("docker_forward_output", True)
+                           else None)
+        self.forwards_output = self._forwarder is not None
+
+    # -- submitting ---------------------------------------------------------------
+    def create_job(self, spec: JobSpec) -> Job:
+        image = spec.image or self._image
+        self._ensure_image(image)
+        options = self._run_options(spec)
+        try:
+            container = self._client.containers.run(image, **options)
+        except self._docker.errors.APIError as exc:
+            raise BackendError(f"dockerd refused {spec.name!r}: {exc.explanation or exc}") from exc
+        job = Job(id=container.name, backend=self.name, spec=spec, host=container.short_id,
+                  data=_ContainerData(container))
+        if self._forwarder is not None:
+            self._forwarder.follow(container)
+        logger.debug("started container %s (%s) for %s", container.name, image, spec.name)
+        return job
+
+    def _ensure_image(self, image: str) -> None:
+        """Pull ``image`` if this dockerd lacks it; a clear error if that fails."""
+        if image in self._images_seen:
+            return
+        try:
+            self._client.images.get(image)
+        except self._docker.errors.ImageNotFound:
+            logger.info("pulling docker image %s", image)
+            try:
+                self._client.images.pull(image)
+            except self._docker.errors.APIError as exc:
+                raise BackendError(
+                    f"docker image {image!r} not found here and it cannot be pulled "
+                    f"({exc.explanation or exc}); build it (bash scripts/docker-up.sh builds "
+                    f"{DEFAULT_IMAGE}) or set the image setting") from None
+        self._images_seen.add(image)
+
+    def _run_options(self, spec: JobSpec) -> Dict[str, Any]:
+        python = self._extra.get("docker_python", "python3")
+        command = [python] + list(spec.command[1:])
+        env = {**spec.env, "PYTHONUNBUFFERED": "1"}
+        options: Dict[str, Any] = dict(
+            command=command, detach=True, init=True, environment=env,
+            name=container_name(spec), stdin_open=False,
+            labels={LABEL_RUN: spec.env.get("FIBERRL_RUN_ID") or run_id(),
+                    LABEL_USER: user_name(), LABEL_NAME: spec.name[:200]},
+            extra_hosts={"host.docker.internal": "host-gateway"},
+        )
+        network = self._extra.get("docker_network")
+        if network:
+            options["network"] = network
+        if spec.cpu is not None:
+            options["nano_cpus"] = int(spec.cpu * 1e9)
+        if spec.mem is not None:
+            options["mem_limit"] = int(spec.mem)
+            options["memswap_limit"] = int(spec.mem)  # no swap: over the limit is over
+        if spec.gpu:
+            options["device_requests"] = [self._docker.types.DeviceRequest(
+                count=int(spec.gpu), capabilities=[["gpu"]])]
+        volumes = self._volumes(spec)
+        if volumes:
+            options["volumes"] = volumes
+        if spec.cwd and self._extra.get("docker_mount_cwd", True):
+            options["working_dir"] = spec.cwd
+        return options
+
+    def _volumes(self, spec: JobSpec) -> Dict[str, Dict[str, str]]:
+        volumes: Dict[str, Dict[str, str]] = {}
+        if spec.cwd and self._extra.get("docker_mount_cwd", True):
+            volumes[spec.cwd] = {"bind": spec.cwd, "mode": "ro"}
+        for host, target in dict(self._extra.get("docker_volumes") or {}).items():
+            volumes[host] = target if isinstance(target, dict) else {"bind": target, "mode": "rw"}
+        return volumes
+
+    # -- watching -------------------------------------------------------------------
+    def status(self, job: Job) -> JobStatus:
+        data: _ContainerData = job.data
+        if data.final is not None:
+            return data.final
+        try:
+            data.container.reload()
+        except self._docker.errors.NotFound:
+            data.final = JobStatus(JobState.FAILED, None, "the container was removed")
+            return data.final
+        except self._docker.errors.APIError as exc:
+            logger.warning("docker inspect of %s failed: %s", job.id, exc)
+            return JobStatus(JobState.UNKNOWN)
+        status = exit_status(data.container.attrs.get("State", {}))
+        if status.state.finished:
+            data.final = status
+            self._keep_tail_and_remove(data)
+        return status
+
+    def _keep_tail_and_remove(self, data: _ContainerData) -> None:
+        try:
+            data.tail = data.container.logs(tail=_TAIL_KEPT).decode("utf-8", "replace")
+            data.container.remove(force=True)
+        except self._docker.errors.APIError as exc:
+            logger.debug("removing container %s: %s", data.container.name, exc)
+
+    def terminate(self, job: Job, force: bool = False) -> None:
+        data: _ContainerData = job.data
+        if data.final is not None:
+            return
+        sig = signal.SIGKILL if force else signal.SIGTERM
+        try:
+            data.container.kill(signal=sig.name)
+        except self._docker.errors.APIError as exc:
+            logger.debug("kill of %s: %s", job.id, exc)
+
+    def logs(self, job: Job, tail: int = 50) -> str:
+        data: _ContainerData = job.data
+        if data.final is not None:
+            text = data.tail
+        else:
+            try:
+                text = data.container.logs(tail=tail).decode("utf-8", "replace")
+            except self._docker.errors.APIError:
+                text = data.tail
+        return "\n".join(text.splitlines()[-tail:])
+
+    def listen_host(self) -> str:
+        """The host's routable address (containers on the bridge reach it); in a job,
+        the container's own address on the route back to its parent."""
+        from ..transport import default_listen_host
+        return addresses.listen_host(self._listen_host, default_listen_host)
+
+    # -- the command line -----------------------------------------------------------
+    def list_jobs(self) -> List[JobInfo]:
+        containers = self._client.containers.list(
+            all=True, filters={"label": f"{LABEL_USER}={user_name()}"})
+        return [JobInfo(id=c.name, backend=self.name, name=c.labels.get(LABEL_NAME, ""),
+                        run=c.labels.get(LABEL_RUN, ""), state=c.status,
+                        host=c.short_id, created=c.attrs.get("Created", "")[:19])
+                for c in containers]
+
+    def attach(self, job_id: str) -> Job:
+        try:
+            container = self._client.containers.get(job_id)
+        except self._docker.errors.NotFound as exc:
+            raise BackendError(f"no container {job_id!r}") from exc
+        spec = JobSpec(command=[], name=container.labels.get(LABEL_NAME, job_id))
+        return Job(id=container.name, backend=self.name, spec=spec, host=container.short_id,
+                   data=_ContainerData(container))
+
+    def close(self) -> None:
+        try:
+            self._client.close()
+        except Exception:
+            pass
