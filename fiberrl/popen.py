@@ -154,6 +154,8 @@ class Popen:
         self.reason = ""
         self.reported_exit: Optional[int] = None
         self.job = None
+        self.pid: Optional[int] = None
+        self._hello_host: Optional[str] = None
         self._write_fd: Optional[int] = None
         self._lock = threading.Lock()
         cfg = get_config()
@@ -181,7 +183,7 @@ class Popen:
         service.pending[token] = (prep, frames)
         service.popens[token] = self
         self._token, self._service, self.backend = token, service, backend
-        self.spec, self.pid, self.sentinel = spec, None, read_fd
+        self.spec, self.sentinel = spec, read_fd
         self._write_fd: Optional[int] = write_fd
         self.finalizer = _mp_util.Finalize(self, _close_fds, (read_fd,))
         batch = getattr(_batch, "popens", None)
@@ -198,8 +200,11 @@ class Popen:
 
     def _launched(self, job) -> None:
         """The backend accepted the job: hand over the sentinel and arm the start timeout."""
+        if job.pid is not None:
+            self.pid = job.pid
+        if self._hello_host is not None:
+            job.host = self._hello_host
         self.job = job
-        self.pid = job.pid
         if self.backend.shares_host:
             self._close_write_end()  # the job holds its own copy
         else:
@@ -229,10 +234,12 @@ class Popen:
         service.hub.call_soon(lambda: service.hub.call_later(seconds, check))
 
     def _on_hello(self, pid: int, host: str) -> None:  # the hub thread
+        # In a batch, a job may say hello before the backend has returned every handle.
+        self._hello_host = host
+        if self.pid is None:
+            self.pid = pid
         if self.job is not None:
             self.job.host = host
-            if self.pid is None:
-                self.pid = pid
 
     # -- the stdlib Popen protocol ------------------------------------------------
     def poll(self, flag: int = os.WNOHANG) -> Optional[int]:

@@ -11,6 +11,9 @@
 - The container reaches its parent's hub at the host's routable address (the
   listen address of a master using this backend); containers on a user-defined
   network or ``--network=host`` work too (``docker_network`` setting).
+- Processes started inside a container are containers too: the local dockerd's
+  socket is mounted into each container (``docker_mount_socket``, default true),
+  which lets jobs start containers: as much power as the Docker group has.
 - The code: the working directory is mounted read-only at the same path and is the
   container's working directory (``docker_mount_cwd``, default true), so modules
   next to the script import as they do locally; ``fiberrl run`` instead builds an
@@ -197,9 +200,19 @@ class DockerBackend(Backend):
         volumes: Dict[str, Dict[str, str]] = {}
         if spec.cwd and self._extra.get("docker_mount_cwd", True):
             volumes[spec.cwd] = {"bind": spec.cwd, "mode": "ro"}
+        socket_path = self._socket_path()
+        if socket_path and self._extra.get("docker_mount_socket", True):
+            volumes[socket_path] = {"bind": "/var/run/docker.sock", "mode": "rw"}
         for host, target in dict(self._extra.get("docker_volumes") or {}).items():
             volumes[host] = target if isinstance(target, dict) else {"bind": target, "mode": "rw"}
         return volumes
+
+    @staticmethod
+    def _socket_path() -> Optional[str]:
+        """The local dockerd's socket (None for a remote ``DOCKER_HOST``)."""
+        host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        path = host[len("unix://"):] if host.startswith("unix://") else None
+        return path if path and os.path.exists(path) else None
 
     # -- watching -------------------------------------------------------------------
     def status(self, job: Job) -> JobStatus:
