@@ -7,6 +7,7 @@ import psutil
 import pytest
 
 import fiberrl
+from fiberrl import transport
 
 
 def _children():
@@ -59,8 +60,13 @@ def make_pool():
 
 # -- one test body, several backends ---------------------------------------------------
 # A test marked ``@pytest.mark.any_backend`` runs once per backend in BACKENDS: on the
-# local backend, and as Slurm jobs on the real one-node test cluster.
-BACKENDS = ("local", "slurm")
+# local backend, as Slurm jobs on the real one-node test cluster, as containers of the
+# real dockerd, and as pods of the FAKE Kubernetes API server (tests/backend_bindings.py).
+BACKENDS = ("local", "slurm", "docker", "kubernetes")
+
+# Jobs in containers (and on other hosts) must reach this process's hub: listen on
+# this machine's routable address rather than loopback, for every backend alike.
+os.environ.setdefault("FIBERRL_LISTEN_HOST", transport.default_listen_host())
 
 
 def pytest_generate_tests(metafunc):
@@ -75,20 +81,20 @@ def fiberrl_backend(request, tmp_path_factory):
     if name == "local":
         yield name
         return
-    import slurm_cluster
-    conf = slurm_cluster.up("single")
-    os.environ["SLURM_CONF"] = conf
-    fiberrl.init(backend="slurm", extra={
-        "slurm_log_dir": str(tmp_path_factory.mktemp("slurm-logs"))})
+    import backend_bindings
+    check = backend_bindings.bind(name, tmp_path_factory.mktemp(f"{name}-jobs"))
     try:
         yield name
     finally:
         fiberrl.init()
-        slurm_cluster.assert_no_live_jobs(conf)
+        check()
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _slurm_clusters_down_at_the_end():
+def _backends_down_at_the_end():
     yield
+    import backend_bindings
     import slurm_cluster
     slurm_cluster.down_all()
+    backend_bindings.docker_down()
+    backend_bindings.kube_down()

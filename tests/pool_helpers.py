@@ -6,6 +6,7 @@ have to import pytest or the test modules. Keep the imports here light.
 """
 import ctypes
 import os
+import socket
 import signal
 import threading
 import time
@@ -79,6 +80,22 @@ def live_worker_pids(pool):
     return {w.pid for w in pool.workers() if w.pid is not None and w.is_alive()}
 
 
+def live_workers(pool):
+    """``"host:pid"`` of the pool's live workers (pids alone repeat across containers)."""
+    return {f"{w._popen.job.host}:{w.pid}" for w in pool.workers()
+            if w.pid is not None and w.is_alive()}
+
+
+def worker_name(_=None):
+    """``"host:pid"`` of the worker running this."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def sleep_then_worker_name(seconds):
+    time.sleep(seconds)
+    return worker_name()
+
+
 # -- plain tasks ------------------------------------------------------------------------
 def square(x):
     return x * x
@@ -102,6 +119,11 @@ def pid_of(_=None):
 
 def square_with_pid(x):
     return x * x, os.getpid()
+
+
+def square_with_worker_name(x):
+    """``(x * x, "host:pid")``: which worker ran it, unique across containers and nodes."""
+    return x * x, f"{socket.gethostname()}:{os.getpid()}"
 
 
 def sleep_then_pid(seconds):

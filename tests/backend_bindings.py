@@ -1,0 +1,137 @@
+"""How a test body is bound to each backend: start what the backend needs (once per
+session), configure fiberrl for it, and check afterwards that no job outlived the test.
+
+- local: nothing to do;
+- slurm: the real one-node cluster of ``scripts/slurm-up.sh``;
+- docker: the real dockerd and worker image of ``scripts/docker-up.sh``; the
+  containers see the project directory mounted at the same path;
+- kubernetes: the real ``kubernetes`` client against the in-repo FAKE API server
+  (``tests/fake_kube.py``), whose fake kubelet runs each pod as a local process. No
+  real Kubernetes cluster is involved.
+"""
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import fiberrl
+
+ROOT = Path(__file__).resolve().parent.parent
+_session = {}
+
+
+def enabled(name: str) -> bool:
+    """False when ``FIBERRL_TEST_<NAME>=0`` turns a backend's tests off."""
+    return os.environ.get(f"FIBERRL_TEST_{name.upper()}", "1") != "0"
+
+
+# -- docker -----------------------------------------------------------------------------
+def docker_up() -> None:
+    """dockerd and the worker image, once per session (``scripts/docker-up.sh``)."""
+    if not enabled("docker"):
+        pytest.skip("Docker tests turned off (FIBERRL_TEST_DOCKER=0)")
+    if "docker" in _session:
+        return
+    # a dockerd that already answers was started by someone else: leave it up at the end
+    answering = subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode == 0
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "docker-up.sh")], capture_output=True,
+                          text=True, timeout=1200)
+    if done.returncode != 0:
+        pytest.fail(f"scripts/docker-up.sh failed:\n{done.stderr[-4000:]}")
+    _session["docker"] = "keep" if answering else "stop"
+
+
+def docker_down() -> None:
+    if _session.pop("docker", None) == "stop":
+        subprocess.run(["bash", str(ROOT / "scripts" / "docker-down.sh")], capture_output=True,
+                       timeout=300)
+
+
+def fiberrl_containers() -> list:
+    """Names of the containers fiberrl started that still exist."""
+    out = subprocess.run(["docker", "ps", "-a", "--filter", "label=fiberrl.run", "--format",
+                          "{{.Names}} {{.Status}}"], capture_output=True, text=True, timeout=60)
+    return out.stdout.splitlines()
+
+
+def assert_no_containers(grace: float = 15.0) -> None:
+    """Fail (after removing them) if fiberrl containers still exist ``grace`` s on."""
+    deadline = time.monotonic() + grace
+    left = fiberrl_containers()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = fiberrl_containers()
+    if left:
+        subprocess.run(["docker", "rm", "-f", *[line.split()[0] for line in left]],
+                       capture_output=True, timeout=60)
+        pytest.fail(f"containers outlived the test: {left}")
+
+
+# -- kubernetes (fake API server) -----------------------------------------------------------
+def fake_kube():
+    """The session's fake Kubernetes API server (started on first use)."""
+    if not enabled("kubernetes"):
+        pytest.skip("Kubernetes tests turned off (FIBERRL_TEST_KUBERNETES=0)")
+    if "kube" not in _session:
+        from fake_kube import FakeKubeCluster
+        cluster = FakeKubeCluster(node_cpu=16, node_memory="16Gi")
+        cluster.start()
+        _session["kube"] = cluster
+    return _session["kube"]
+
+
+def kube_down() -> None:
+    cluster = _session.pop("kube", None)
+    if cluster is not None:
+        cluster.stop()
+
+
+def live_pods(cluster) -> list:
+    """Pods of the fake cluster that are pending or running."""
+    from kubernetes import client
+    api = client.CoreV1Api(cluster.api_client())
+    return [f"{p.metadata.name} {p.status.phase}" for p in
+            api.list_namespaced_pod("default").items if p.status.phase in ("Pending", "Running")]
+
+
+def assert_no_pods(cluster, grace: float = 15.0) -> None:
+    deadline = time.monotonic() + grace
+    left = live_pods(cluster)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = live_pods(cluster)
+    if left:
+        pytest.fail(f"pods outlived the test: {left}")
+
+
+def kube_settings(cluster) -> dict:
+    """fiberrl's settings for the fake cluster: its kubeconfig, and this interpreter as
+    the pods' Python (the fake kubelet runs pods as local processes)."""
+    return {"k8s_kubeconfig": cluster.kubeconfig_path, "k8s_python": sys.executable,
+            "k8s_namespace": "default"}
+
+
+# -- the binding -------------------------------------------------------------------------------
+def bind(name: str, tmp_dir: Path):
+    """Configure fiberrl for ``name``; returns the check to run after the test."""
+    if name == "slurm":
+        import slurm_cluster
+        conf = slurm_cluster.up("single")
+        os.environ["SLURM_CONF"] = conf
+        fiberrl.init(backend="slurm", extra={"slurm_log_dir": str(tmp_dir)})
+        return lambda: slurm_cluster.assert_no_live_jobs(conf)
+    if name == "docker":
+        docker_up()
+        # the test's files (tmp_path) must be the same inside the containers
+        shared = str(tmp_dir.parent)
+        fiberrl.init(backend="docker", extra={"docker_volumes": {
+            shared: {"bind": shared, "mode": "rw"}}})
+        return assert_no_containers
+    if name == "kubernetes":
+        cluster = fake_kube()
+        fiberrl.init(backend="kubernetes", extra=kube_settings(cluster))
+        return lambda: assert_no_pods(cluster)
+    raise ValueError(f"no binding for backend {name!r}")

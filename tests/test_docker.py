@@ -1,0 +1,86 @@
+"""The Docker backend against the real dockerd of ``scripts/docker-up.sh``: what only
+Docker has (the shared Process/Queue/Pipe/Pool/Manager bodies are the ``any_backend``
+tests of the other modules). No container may outlive its test.
+"""
+import subprocess
+import time
+
+import pytest
+
+import fiberrl
+import backend_bindings
+import pool_helpers
+from fiberrl.backends.docker import exit_status
+from fiberrl.backends.base import JobState
+
+
+@pytest.mark.parametrize("state,code,reason", [
+    ({"Status": "running"}, None, ""),
+    ({"Status": "exited", "ExitCode": 0}, 0, ""),
+    ({"Status": "exited", "ExitCode": 3}, 3, "exit code 3"),
+    ({"Status": "exited", "ExitCode": 137}, -9, "SIGKILL"),
+    ({"Status": "exited", "ExitCode": 143}, -15, "SIGTERM"),
+    ({"Status": "exited", "ExitCode": 137, "OOMKilled": True}, -9, "OOMKilled"),
+])
+def test_container_states(state, code, reason):
+    status = exit_status(state)
+    assert status.exit_code == code and reason in status.reason
+    assert status.state is (JobState.RUNNING if code is None else
+                            JobState.SUCCEEDED if code == 0 else JobState.FAILED)
+
+
+@pytest.fixture
+def docker():
+    """fiberrl on the real dockerd for this test; no container outlives it."""
+    backend_bindings.docker_up()
+    fiberrl.init(backend="docker")
+    try:
+        yield
+    finally:
+        fiberrl.init()
+        backend_bindings.assert_no_containers()
+
+
+def _hold_memory(megabytes):
+    block = bytearray(megabytes << 20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    time.sleep(120)
+
+
+def _print_and_exit(code):
+    print("from inside the container", flush=True)
+    raise SystemExit(code)
+
+
+def test_exit_code_logs_and_removal(docker):
+    proc = fiberrl.Process(target=_print_and_exit, args=(4,), name="speaker")
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 4 and proc.exit_reason == "exit code 4"
+    assert "from inside the container" in proc.job_logs()
+    assert not any(proc.job_id in line for line in backend_bindings.fiberrl_containers())
+
+
+def test_memory_limit_gives_oomkilled(docker):
+    proc = fiberrl.Process(target=_hold_memory, args=(300,), mem="100M")
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == -9
+    assert proc.exit_reason.startswith("OOMKilled")
+
+
+def test_docker_kill_of_a_busy_worker_mid_map_loses_nothing(docker, make_pool):
+    pool = make_pool(3)
+    result = pool.map_async(pool_helpers.sleep_then_square, [(0.2, i) for i in range(30)], 1)
+    assert pool_helpers.wait_until(lambda: pool.stats().pending == 3, 60), pool.stats()
+    subprocess.run(["docker", "kill", pool.workers()[0].job_id], check=True, capture_output=True,
+                   timeout=60)
+    assert result.get(timeout=120) == [i * i for i in range(30)]
+    assert pool.stats().worker_deaths >= 1
+
+
+def test_missing_image_is_a_clear_error(docker):
+    fiberrl.init(backend="docker", image="fiberrl-no-such-image:0")
+    with pytest.raises(fiberrl.errors.BackendError, match="not found"):
+        fiberrl.Process(target=print).start()
