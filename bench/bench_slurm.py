@@ -39,7 +39,7 @@ WAIT_S = 180.0
 def _hello_seconds(proc, started, timeout=WAIT_S):
     """Seconds from ``started`` until the job said hello (its pid became known)."""
     end = time.monotonic() + timeout
-    while proc.pid is None:
+    while proc._popen._hello_host is None:  # set when the job's hello arrives
         if time.monotonic() > end:
             raise TimeoutError(f"{proc.name} did not start within {timeout:.0f} s")
         time.sleep(0.002)
