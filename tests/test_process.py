@@ -1,6 +1,5 @@
 """Process: life cycle, exit codes, signals, nesting, bad input, no orphans."""
 import os
-import pickle
 import signal
 import subprocess
 import sys

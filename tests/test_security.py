@@ -69,7 +69,6 @@ def test_unauthenticated_pickles_are_dropped_everywhere(tmp_path):
 
 def test_secret_is_in_the_environment_not_the_command_line():
     from fiberrl import transport
-    from fiberrl.popen import Popen
     captured = {}
 
     class Spy(fiberrl.Process):
