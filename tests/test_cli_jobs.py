@@ -1,5 +1,5 @@
 """``fiberrl run / ps / logs / cancel`` as a person uses them: the real command line in
-a subprocess, on the local backend, on Slurm and on Docker."""
+a subprocess, on the local backend, on Slurm, on Docker, and on the fake Kubernetes API."""
 import os
 import subprocess
 import sys
@@ -113,3 +113,45 @@ def test_run_on_docker_builds_an_image_of_the_directory(project):
     assert done.returncode == 5, done.stderr
     assert "RESULT [0, 1, 4, 9, 16]" in done.stdout
     assert pool_helpers.wait_until(lambda: not backend_bindings.fiberrl_containers(), 30)
+
+
+OWNER_SCRIPT = """
+import json, os, time
+import fiberrl
+from kubernetes import client, config
+
+if __name__ == "__main__":
+    child = fiberrl.Process(target=time.sleep, args=(30,))
+    child.start()
+    config.load_kube_config(config_file=json.loads(os.environ["FIBERRL_EXTRA"])["k8s_kubeconfig"])
+    pod = client.CoreV1Api().read_namespaced_pod(child.job_id, "default")
+    owner = pod.metadata.owner_references[0]
+    print("OWNED BY MASTER", owner.kind == "Pod" and owner.name == os.environ["FIBERRL_POD_NAME"],
+          flush=True)
+    child.terminate()
+    child.join(30)
+"""
+
+
+def test_run_on_kubernetes_makes_the_master_a_pod_that_owns_its_workers(project):
+    """Against the FAKE API server: the master is a pod, its workers are pods it owns."""
+    import json
+    (project / "owner.py").write_text(OWNER_SCRIPT)
+    cluster = backend_bindings.fake_kube()
+    extra = {**backend_bindings.kube_settings(cluster), "k8s_working_dir": str(project)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FIBERRL_EXTRA": json.dumps(extra)}
+    env.pop("FIBERRL_LISTEN_HOST", None)
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "fiberrl.cli", "run", "--backend",
+                               "kubernetes", "--no-build", "--image", "fiberrl-worker:cpu", *args],
+                              cwd=project, env=env, capture_output=True, text=True, timeout=300)
+
+    done = run("job.py", "4")
+    assert done.returncode == 4, done.stderr
+    assert "RESULT [0, 1, 4, 9, 16]" in done.stdout
+    assert "runs as kubernetes job fiberrl-main-job-py-" in done.stderr
+    owned = run("owner.py")
+    assert owned.returncode == 0, owned.stderr
+    assert "OWNED BY MASTER True" in owned.stdout, owned.stdout + owned.stderr
+    backend_bindings.assert_no_pods(cluster)
