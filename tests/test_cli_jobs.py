@@ -67,6 +67,15 @@ def _ps_until(backend, predicate, cwd, timeout=60):
     raise AssertionError(f"fiberrl ps never showed what was expected:\n{out}")
 
 
+_LIVE_STATES = {"RUNNING", "PENDING", "running", "sleeping", "created"}
+
+
+def _live_nappers(ps_output):
+    """The ``fiberrl ps`` lines of the test script's sleeping process that are live."""
+    return [line for line in ps_output.splitlines()
+            if "napper" in line and _LIVE_STATES & set(line.split())]
+
+
 @pytest.mark.parametrize("backend", ["local", "slurm", "docker"])
 def test_ps_and_cancel_all_of_a_run(backend, project):
     if backend == "slurm":
@@ -79,8 +88,9 @@ def test_ps_and_cancel_all_of_a_run(backend, project):
                               stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
-        out = _ps_until(backend, lambda text: "napper" in text, project, timeout=180)
-        run = [line.split()[2] for line in out.splitlines() if "napper" in line][0]
+        # (finished jobs of earlier runs stay listed for a while: look for a live one)
+        out = _ps_until(backend, lambda text: bool(_live_nappers(text)), project, timeout=180)
+        run = _live_nappers(out)[0].split()[2]
         assert any(run in line and "napper" not in line for line in out.splitlines()[1:]), out
         cancelled = fiberrl_cli("cancel", "--backend", backend, "--all", "--run", run, cwd=project)
         assert cancelled.returncode == 0 and cancelled.stdout.count("cancelled") >= 2, cancelled

@@ -34,7 +34,7 @@ import subprocess
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
 from ..config import get_config
@@ -55,12 +55,10 @@ class _JobData:
     """The backend's private state for one job."""
 
     log: str
-    script: Optional[str] = None
     step: Optional[subprocess.Popen] = None  # the srun client of a job step
     step_name: str = ""
     killed: bool = False
     final: Optional[JobStatus] = None
-    extra: Dict[str, Any] = field(default_factory=dict)
 
 
 def allocation_for_steps(setting: str = "auto") -> Optional[str]:
@@ -207,7 +205,7 @@ class SlurmBackend(Backend):
         for job_id, spec in zip(ids, specs):
             log = os.path.join(self.run_dir, f"{job_id}.out")
             jobs.append(Job(id=job_id, backend=self.name, spec=spec,
-                            data=_JobData(log=log, script=script)))
+                            data=_JobData(log=log)))
             if self._follower is not None:
                 self._follower.follow(log)
         logger.debug("submitted %s (%d job(s)) for %s", base_id, len(ids), specs[0].name)
@@ -392,7 +390,7 @@ class SlurmBackend(Backend):
 
     def close(self) -> None:
         try:
-            os.rmdir(self.run_dir)  # only if every log was cleaned up
+            os.rmdir(self.run_dir)  # only if the run left nothing in it
         except OSError:
             pass
 
