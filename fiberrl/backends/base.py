@@ -179,13 +179,13 @@ class Backend(abc.ABC):
         """The address this process's hub should bind so that this backend's jobs reach it."""
 
     # -- what the command line needs (jobs of earlier runs, known by id) ----------
+    @abc.abstractmethod
     def list_jobs(self) -> List[JobInfo]:
         """This user's fiberrl jobs that the backend still knows (running or finished)."""
-        raise NotImplementedError(f"the {self.name} backend cannot list jobs")
 
+    @abc.abstractmethod
     def attach(self, job_id: str) -> Job:
         """A handle on an existing job (for ``logs``, ``status``, ``terminate``)."""
-        raise NotImplementedError(f"the {self.name} backend cannot attach to job {job_id}")
 
     def close(self) -> None:
         """Release the backend's resources (threads, clients)."""
