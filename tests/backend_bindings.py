@@ -9,15 +9,16 @@ session), configure fiberrl for it, and check afterwards that no job outlived th
   (``tests/fake_kube.py``), whose fake kubelet runs each pod as a local process. No
   real Kubernetes cluster is involved.
 """
+import contextlib
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import fiberrl
+from pool_helpers import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 _session = {}
@@ -26,6 +27,12 @@ _session = {}
 def enabled(name: str) -> bool:
     """False when ``FIBERRL_TEST_<NAME>=0`` turns a backend's tests off."""
     return os.environ.get(f"FIBERRL_TEST_{name.upper()}", "1") != "0"
+
+
+def still_there(live, grace: float) -> list:
+    """What ``live()`` still lists after waiting up to ``grace`` s for it to be empty."""
+    wait_until(lambda: not live(), grace, interval=0.2)
+    return live()
 
 
 # -- docker -----------------------------------------------------------------------------
@@ -59,11 +66,7 @@ def fiberrl_containers() -> list:
 
 def assert_no_containers(grace: float = 15.0) -> None:
     """Fail (after removing them) if fiberrl containers still exist ``grace`` s on."""
-    deadline = time.monotonic() + grace
-    left = fiberrl_containers()
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = fiberrl_containers()
+    left = still_there(fiberrl_containers, grace)
     if left:
         subprocess.run(["docker", "rm", "-f", *[line.split()[0] for line in left]],
                        capture_output=True, timeout=60)
@@ -98,11 +101,8 @@ def live_pods(cluster) -> list:
 
 
 def assert_no_pods(cluster, grace: float = 15.0) -> None:
-    deadline = time.monotonic() + grace
-    left = live_pods(cluster)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = live_pods(cluster)
+    """Fail if pods of the fake cluster are still pending or running ``grace`` s on."""
+    left = still_there(lambda: live_pods(cluster), grace)
     if left:
         pytest.fail(f"pods outlived the test: {left}")
 
@@ -115,23 +115,33 @@ def kube_settings(cluster) -> dict:
 
 
 # -- the binding -------------------------------------------------------------------------------
-def bind(name: str, tmp_dir: Path):
-    """Configure fiberrl for ``name``; returns the check to run after the test."""
+@contextlib.contextmanager
+def bound(name: str, tmp_dir: Path):
+    """fiberrl configured for backend ``name`` inside the block (yields the fake cluster
+    for ``kubernetes``, else None); afterwards the defaults come back and the test fails
+    if a job, container or pod outlived it."""
+    handle, check = None, None
     if name == "slurm":
         import slurm_cluster
         conf = slurm_cluster.up("single")
         os.environ["SLURM_CONF"] = conf
         fiberrl.init(backend="slurm", extra={"slurm_log_dir": str(tmp_dir)})
-        return lambda: slurm_cluster.assert_no_live_jobs(conf)
-    if name == "docker":
+        check = lambda: slurm_cluster.assert_no_live_jobs(conf)  # noqa: E731
+    elif name == "docker":
         docker_up()
         # the test's files (tmp_path) must be the same inside the containers
         shared = str(tmp_dir.parent)
         fiberrl.init(backend="docker", extra={"docker_volumes": {
             shared: {"bind": shared, "mode": "rw"}}})
-        return assert_no_containers
-    if name == "kubernetes":
-        cluster = fake_kube()
-        fiberrl.init(backend="kubernetes", extra=kube_settings(cluster))
-        return lambda: assert_no_pods(cluster)
-    raise ValueError(f"no binding for backend {name!r}")
+        check = assert_no_containers
+    elif name == "kubernetes":
+        handle = fake_kube()
+        fiberrl.init(backend="kubernetes", extra=kube_settings(handle))
+        check = lambda: assert_no_pods(handle)  # noqa: E731
+    else:
+        raise ValueError(f"no binding for backend {name!r}")
+    try:
+        yield handle
+    finally:
+        fiberrl.init()
+        check()

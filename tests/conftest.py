@@ -82,12 +82,8 @@ def fiberrl_backend(request, tmp_path_factory):
         yield name
         return
     import backend_bindings
-    check = backend_bindings.bind(name, tmp_path_factory.mktemp(f"{name}-jobs"))
-    try:
+    with backend_bindings.bound(name, tmp_path_factory.mktemp(f"{name}-jobs")):
         yield name
-    finally:
-        fiberrl.init()
-        check()
 
 
 @pytest.fixture(scope="session", autouse=True)

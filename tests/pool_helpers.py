@@ -4,6 +4,7 @@ Pool workers import this module by name (the tests directory is on their
 ``sys.path``), so module-level functions travel by reference and a worker does not
 have to import pytest or the test modules. Keep the imports here light.
 """
+import contextlib
 import ctypes
 import os
 import socket
@@ -38,6 +39,19 @@ def wait_until(predicate, timeout, interval=0.05):
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
+
+
+@contextlib.contextmanager
+def pool_with_workers_up(size):
+    """A ``fiberrl.Pool(size)`` with every worker up, terminated when the block ends."""
+    import fiberrl
+    pool = fiberrl.Pool(size)
+    try:
+        assert wait_until(lambda: pool.stats().alive == size, 120), pool.stats()
+        yield pool
+    finally:
+        pool.terminate()
+        pool.join()
 
 
 def wait_for_path(path, timeout=60.0):

@@ -7,7 +7,6 @@ that does not come up is an error, not a skip.
 """
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -83,11 +82,8 @@ def live_jobs(conf: str) -> list:
 
 def assert_no_live_jobs(conf: str, grace: float = 15.0) -> None:
     """Fail (after cancelling them) if jobs are still alive ``grace`` seconds on."""
-    deadline = time.monotonic() + grace
-    jobs = live_jobs(conf)
-    while jobs and time.monotonic() < deadline:
-        time.sleep(0.2)
-        jobs = live_jobs(conf)
+    from backend_bindings import still_there
+    jobs = still_there(lambda: live_jobs(conf), grace)
     if jobs:
         described = squeue(conf, "-t", "PD,CF,R,CG,S", "-o", "%i %j %T %r")
         subprocess.run(["scancel", *jobs], env={**os.environ, "SLURM_CONF": conf}, timeout=30)

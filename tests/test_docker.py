@@ -30,15 +30,10 @@ def test_container_states(state, code, reason):
 
 
 @pytest.fixture
-def docker():
+def docker(tmp_path):
     """fiberrl on the real dockerd for this test; no container outlives it."""
-    backend_bindings.docker_up()
-    fiberrl.init(backend="docker")
-    try:
+    with backend_bindings.bound("docker", tmp_path):
         yield
-    finally:
-        fiberrl.init()
-        backend_bindings.assert_no_containers()
 
 
 def _hold_memory(megabytes):

@@ -92,13 +92,8 @@ def test_pod_status_reasons(pod, state, code, reason):
 @pytest.fixture
 def kube(tmp_path):
     """fiberrl on the fake cluster for this test; no pod outlives it."""
-    cluster = backend_bindings.fake_kube()
-    fiberrl.init(backend="kubernetes", extra=backend_bindings.kube_settings(cluster))
-    try:
+    with backend_bindings.bound("kubernetes", tmp_path) as cluster:
         yield cluster
-    finally:
-        fiberrl.init()
-        backend_bindings.assert_no_pods(cluster)
 
 
 def _pods(cluster):

@@ -30,34 +30,21 @@ STATS_FIELDS = ("target", "alive", "starting", "idle", "queued", "pending", "com
 
 @pytest.fixture(scope="module", autouse=True)
 def _shared_local_pool():
-    """One local Pool(2) shared by the plain API tests, with both workers up.
-
-    Autouse, so its workers exist before each test's leak check takes its snapshot
-    and do not count as leaks; tests using it must leave no task running behind them.
-    """
-    shared = fiberrl.Pool(2)
-    try:
-        assert wait_until(lambda: shared.stats().alive == 2, 120), shared.stats()
+    """One local pool shared by the plain API tests. Autouse, so its workers exist
+    before each test's leak check takes its snapshot; tests using it must leave no
+    task running behind them."""
+    with pool_helpers.pool_with_workers_up(2) as shared:
         yield shared
-    finally:
-        shared.terminate()
-        shared.join()
 
 
 @pytest.fixture
 def pool(fiberrl_backend, _shared_local_pool):
-    """A Pool(2) with both workers up: the shared one locally, a fresh one elsewhere
-    (so that no job outlives its test)."""
+    """The shared pool locally; elsewhere a fresh one, so that no job outlives its test."""
     if fiberrl_backend == "local":
         yield _shared_local_pool
         return
-    own = fiberrl.Pool(2)
-    try:
-        assert wait_until(lambda: own.stats().alive == 2, 120), own.stats()
+    with pool_helpers.pool_with_workers_up(2) as own:
         yield own
-    finally:
-        own.terminate()
-        own.join()
 
 
 # -- the API, with known results ---------------------------------------------------------------

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+import backend_bindings
 import fiberrl
 import pool_helpers
 import slurm_cluster
@@ -27,14 +28,8 @@ pytestmark = pytest.mark.slurm
 @pytest.fixture
 def slurm(tmp_path):
     """This test runs on the one-node Slurm cluster; no job outlives it."""
-    conf = slurm_cluster.up("single")
-    os.environ["SLURM_CONF"] = conf
-    fiberrl.init(backend="slurm", extra={"slurm_log_dir": str(tmp_path / "logs")})
-    try:
-        yield conf
-    finally:
-        fiberrl.init()
-        slurm_cluster.assert_no_live_jobs(conf)
+    with backend_bindings.bound("slurm", tmp_path):
+        yield
 
 
 def _sleep_forever():
