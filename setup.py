@@ -30,7 +30,7 @@ setup(
     extras_require=EXTRAS,
     entry_points={
         "console_scripts": ["fiberrl = fiberrl.cli:main"],
-        "fiberrl.commands": ["cpe = cpe.cli:register"],
+        "fiberrl.commands": ["cpe = cpe.cli:register", "rl = rl.cli:register"],
     },
     classifiers=[
         "Programming Language :: Python :: 3",
