@@ -4,11 +4,15 @@ from setuptools import find_packages, setup
 EXTRAS = {
     "docker": ["docker>=7"],
     "kubernetes": ["kubernetes>=29"],
-    "rl": ["torch==2.13.0", "gymnasium>=1.0", "tensorboard"],
+    # torch is pinned: this exact version resolves to the CPU wheel; a range would pull CUDA.
+    "rl": ["torch==2.13.0", "gymnasium>=1.0", "tensorboard", "matplotlib", "tqdm",
+           "pyarrow>=12", "scipy>=1.9"],
     "cpe": ["scipy>=1.9"],
+    "export": ["onnx>=1.23", "onnxscript>=0.7", "onnxruntime>=1.31"],
     "parquet": ["pyarrow>=12"],
     "test": ["pytest>=7", "pytest-timeout>=2", "scipy>=1.9", "pyarrow>=12", "gymnasium>=1.0",
-             "docker>=7", "kubernetes>=29"],
+             "docker>=7", "kubernetes>=29", "torch==2.13.0", "tensorboard", "matplotlib", "tqdm",
+             "onnx>=1.23", "onnxscript>=0.7", "onnxruntime>=1.31"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 

@@ -16,4 +16,4 @@ fi
 extras=""
 if [ $# -gt 0 ]; then extras="[$(IFS=,; echo "$*")]"; fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install -q -e ".${extras}"
+.venv/bin/python -m pip install -q -c constraints.txt -e ".${extras}"

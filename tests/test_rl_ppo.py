@@ -96,3 +96,16 @@ def test_ppo_with_envs_in_fiberrl_processes_matches_in_process_envs():
         return torch.nn.utils.parameters_to_vector(policy.model.parameters())
 
     assert torch.allclose(train(False), train(True))
+
+
+def test_the_same_seed_gives_the_same_run_and_another_seed_a_different_one():
+    def train(seed):
+        env = rl.make_vector_env("CartPole-v1", 2, seed=seed)
+        policy = PPO(env.observation_space, env.action_space, seed=seed,
+                     config={"total_steps": 256, "rollout_length": 64, "minibatch_size": 64})
+        state = rl.run(policy, env, rl.AfterSteps(256), seed=seed)
+        return torch.nn.utils.parameters_to_vector(policy.model.parameters()), state.episodes
+
+    first, second, other = train(5), train(5), train(6)
+    assert torch.equal(first[0], second[0]) and first[1] == second[1]
+    assert not torch.equal(first[0], other[0])
