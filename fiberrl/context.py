@@ -156,6 +156,13 @@ class FiberContext:
         return active_children()
 
     @staticmethod
+    def host_address() -> str:
+        """The address other processes of this run reach this process at: the one its
+        connections listen on (for rendezvous of libraries such as torch.distributed)."""
+        from .backends import default_backend
+        return default_backend().listen_host()
+
+    @staticmethod
     def cpu_count() -> int:
         """Number of CPUs of this machine."""
         count = os.cpu_count()
