@@ -8,6 +8,7 @@ EXTRAS = {
     "rl": ["torch==2.13.0", "gymnasium>=1.0", "tensorboard", "matplotlib", "tqdm",
            "pyarrow>=12", "scipy>=1.9"],
     "cpe": ["scipy>=1.9"],
+    "bench": ["pandas", "stable-baselines3"],  # peers the benchmarks compare with
     "export": ["onnx>=1.23", "onnxscript>=0.7", "onnxruntime>=1.31"],
     "parquet": ["pyarrow>=12"],
     "test": ["pytest>=7", "pytest-timeout>=2", "scipy>=1.9", "pyarrow>=12", "gymnasium>=1.0",

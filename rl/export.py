@@ -385,29 +385,6 @@ def export_torchscript(module: _Exported, path: Union[str, Path],
     return meta
 
 
-def _onnx_searchsorted(sorted_sequence, self, out_int32=False, right=False, side=None,
-                       sorter=None):
-    """ONNX translation of ``aten::searchsorted`` (none ships with torch): for
-    ``sorted_sequence [..., N]`` and ``self [..., M]`` (same leading dims, or a 1-D
-    sequence), the number of boundaries below each value (at or below it when
-    ``right``). Used by the quantile features of FeatureNormalizer; NaN values
-    count 0 boundaries (torch puts them last), which the normalizer masks anyway."""
-    from onnxscript import ir
-    from onnxscript import opset18 as op
-
-    if sorter is not None:
-        raise NotImplementedError("searchsorted with a sorter has no ONNX translation here")
-    rank = len(sorted_sequence.shape) if sorted_sequence.shape is not None else None
-    if rank is None:
-        raise NotImplementedError("searchsorted needs a sorted sequence of known rank")
-    sequence = sorted_sequence if rank == 1 else op.Unsqueeze(sorted_sequence, [-2])
-    values = op.Unsqueeze(self, [-1])
-    upper = right or side == "right"
-    below = op.LessOrEqual(sequence, values) if upper else op.Less(sequence, values)
-    count = op.ReduceSum(op.Cast(below, to=ir.DataType.INT64), [-1], keepdims=0)
-    return op.Cast(count, to=ir.DataType.INT32) if out_int32 else count
-
-
 def export_onnx(module: _Exported, path: Union[str, Path],
                 metadata: Optional[Mapping[str, Any]] = None,
                 opset: int = DEFAULT_OPSET) -> Dict[str, Any]:
@@ -441,8 +418,7 @@ def export_onnx(module: _Exported, path: Union[str, Path],
             program = torch.onnx.export(
                 module, inputs, None, input_names=list(module.input_names),
                 output_names=list(module.output_names), opset_version=opset, dynamo=True,
-                dynamic_shapes=shapes, verbose=False,
-                custom_translation_table={torch.ops.aten.searchsorted.Tensor: _onnx_searchsorted})
+                dynamic_shapes=shapes, verbose=False)
     meta = _metadata(module, metadata, {"exporter": "torch.onnx", "opset": opset})
     program.model.metadata_props[METADATA_KEY] = json.dumps(meta)
     program.save(str(path), external_data=False)
