@@ -5,6 +5,8 @@
 - ``ppo``: :data:`rl.algos.ppo.PPO` on ``--num-envs`` envs (default 4), stepped in
   this process, or in ``--workers`` fiberrl processes when ``--workers`` > 0;
   continuous action spaces start from ``CONTINUOUS_DEFAULTS``.
+- ``dqn``, ``parametric_dqn``: :mod:`rl.algos.dqn_builders` (``--num-envs`` envs, default 1).
+- ``ddpg``, ``td3``: :mod:`rl.algos.td3_builders` (``--num-envs`` envs, default 1).
 
 ``--set key=value`` settings go to the algorithm's constructor (ES) or config (PPO).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 
+from .algos import dqn_builders, td3_builders  # noqa: F401  (they register themselves)
 from .train import Trainee, TrainSpec, register
 
 logger = logging.getLogger(__name__)

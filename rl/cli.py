@@ -26,13 +26,16 @@ def _parse_setting(text: str) -> tuple:
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``train``."""
-    parser.add_argument("algo", metavar="ALGO", help="algorithm: es or ppo")
+    parser.add_argument("algo", metavar="ALGO",
+                        help="algorithm: es, ppo, dqn, parametric_dqn, ddpg or td3")
     parser.add_argument("--env", required=True, help="gymnasium id, e.g. CartPole-v1")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--total-steps", type=int, default=100_000, help="training env steps")
     parser.add_argument("--workers", type=int, default=0,
-                        help="ES: pool workers; PPO: fiberrl processes for the envs (0: in this process)")
-    parser.add_argument("--num-envs", type=int, default=None, help="envs of PPO (default 4)")
+                        help="ES: pool workers; the others: fiberrl processes stepping the envs "
+                             "(0: in this process)")
+    parser.add_argument("--num-envs", type=int, default=None,
+                        help="envs of step-driven algorithms (PPO: 4, the others: 1)")
     parser.add_argument("--backend", default=None, help="fiberrl backend (default: config)")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--eval-every", type=int, default=None,

@@ -45,6 +45,8 @@ class Evaluate(Hook):
             self._note_solved(steps, mean)
         if not run.evaluations or run.evaluations[-1][0] < run.env_steps:
             self._evaluate(run)
+        else:  # resumed just after an evaluation: the next one is a full interval away
+            self.next_at = (run.env_steps // self.every_steps + 1) * self.every_steps
 
     def act_post(self, run: RunState, step: Dict[str, np.ndarray]) -> None:
         if run.env_steps >= self.next_at:

@@ -49,6 +49,7 @@ class Trainee:
     agent: Any
     env: Any = None
     closers: List[Callable[[], None]] = field(default_factory=list)
+    eval_env: Any = None  # the env spec evaluations use (default: spec.env), e.g. a wrapped env
 
 
 ALGORITHMS: Dict[str, Callable[[TrainSpec], Trainee]] = {}
@@ -89,7 +90,9 @@ def train(spec: TrainSpec) -> Dict[str, Any]:
     eval_every = spec.eval_every or max(1, math.ceil(spec.total_steps / 20))
     trainee = ALGORITHMS[spec.algo](spec)
     try:
-        evaluate = Evaluate(spec.env, every_steps=eval_every, episodes=spec.eval_episodes)
+        from .envs import reward_threshold
+        evaluate = Evaluate(trainee.eval_env or spec.env, every_steps=eval_every,
+                            episodes=spec.eval_episodes, threshold=reward_threshold(spec.env))
         hooks = [
             Checkpoint(out / "checkpoints", spec.checkpoint_every or eval_every, resume=spec.resume),
             evaluate,

@@ -185,7 +185,38 @@ def register_workflow(subparsers) -> argparse.ArgumentParser:
                       help=f"bound of normalized outputs (default {DEFAULT_CLAMP})")
     _scale_arguments(norm)
     norm.set_defaults(func=run_normalize)
+
+    train = steps.add_parser("train", help="timeline -> normalization -> offline training "
+                             "with CPE -> export, from a config file")
+    train.add_argument("--config", required=True, help="workflow config (TOML or JSON)")
+    train.add_argument("--resume", action="store_true",
+                       help="continue training from the newest checkpoint")
+    train.add_argument("--no-progress", action="store_true", help="no progress bars")
+    train.set_defaults(func=run_train)
     return workflow
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """``workflow train``: the whole offline workflow from a config file."""
+    from ..offline.workflow import load_config, run_workflow
+    try:
+        config = load_config(args.config)
+        if args.resume:
+            config.training.resume = True
+        summary = run_workflow(config, progress=not args.no_progress)
+    except (*_ERRORS, FileNotFoundError) as error:
+        return _fail(error)
+    cpe = (summary.get("cpe") or {}).get("sequential", {})
+    dr = cpe.get("dr", {})
+    parts = [f"trained {len(summary['epochs'])} epochs into {config.out}",
+             f"td_loss {summary['td_loss']:.5f}"]
+    if dr:
+        parts.append(f"CPE (sequential DR) {dr['value']:.4f} [{dr['ci_low']:.4f}, {dr['ci_high']:.4f}]")
+    if summary.get("eval_mean") is not None:
+        parts.append(f"evaluation mean {summary['eval_mean']:.1f}")
+    parts.append("exported " + ", ".join(summary["exported"].values()))
+    sys.stdout.write("; ".join(parts) + "\n")
+    return 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:

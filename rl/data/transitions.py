@@ -23,13 +23,22 @@ logger = logging.getLogger(__name__)
 PathLike = Union[str, Path]
 
 
-def read_table(directory: PathLike, columns: Optional[Sequence[str]] = None):
-    """Every shard of a complete Timeline output as one Arrow table (only
-    ``columns`` when given). Raises ValueError for an incomplete directory."""
+def read_table(directory: PathLike, columns: Optional[Sequence[str]] = None,
+               shard: Tuple[int, int] = (0, 1)):
+    """The shards of a complete Timeline output as one Arrow table (only ``columns``
+    when given). ``shard=(rank, world_size)`` keeps the output shards ``i`` with
+    ``i % world_size == rank`` (a whole MDP is always in one output shard).
+    Raises ValueError for an incomplete directory."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    tables = [pq.read_table(path, columns=list(columns) if columns else None)
-              for path in part_files(directory)]
+    rank, world_size = shard
+    if not 0 <= rank < world_size:
+        raise ValueError(f"shard must be (rank, world_size) with 0 <= rank < world_size, got {shard}")
+    paths = part_files(directory)[rank::world_size]
+    if not paths:
+        raise ValueError(f"{directory}: no output shard for rank {rank} of {world_size} "
+                         f"(write the Timeline with at least {world_size} shards)")
+    tables = [pq.read_table(path, columns=list(columns) if columns else None) for path in paths]
     return pa.concat_tables(tables)
 
 
@@ -88,8 +97,10 @@ def _action_mask(lists, names: Sequence[str], null_means_all: bool) -> np.ndarra
 
 
 def read_transitions(directory: PathLike, state_features: Optional[Sequence[str]] = None,
-                     action_names: Optional[Sequence[str]] = None) -> Dict[str, np.ndarray]:
-    """A Timeline output as numpy arrays, one row per transition.
+                     action_names: Optional[Sequence[str]] = None,
+                     shard: Tuple[int, int] = (0, 1)) -> Dict[str, np.ndarray]:
+    """A Timeline output as numpy arrays, one row per transition (``shard``: only the
+    output shards of one rank, see :func:`read_table`).
 
     ``state_features``: the ordered feature ids of the dense state (default: every id
     in the output's metadata, integer ids numerically first). ``action_names``:
@@ -110,7 +121,7 @@ def read_transitions(directory: PathLike, state_features: Optional[Sequence[str]
     ``state_features``, ``action_names`` or ``action_features`` (str arrays).
     """
     metadata = read_metadata(directory)
-    table = read_table(directory)
+    table = read_table(directory, shard=shard)
     if state_features is None:
         state_features = metadata.get("state_features")
         if state_features is None:

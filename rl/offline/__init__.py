@@ -1,0 +1,1 @@
+"""Offline (batch) RL from Timeline output: datasets, training with CPE every epoch, the workflow."""
