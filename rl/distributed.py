@@ -32,7 +32,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import fiberrl
 
@@ -119,12 +119,15 @@ def _backend_is_local() -> bool:
 
 
 def launch(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (),
-           devices: Any = None, timeout_s: float = RENDEZVOUS_TIMEOUT_S,
-           poll_s: float = 0.2) -> List[Any]:
+           devices: Any = None, resources: Optional[Dict[str, Any]] = None,
+           timeout_s: float = RENDEZVOUS_TIMEOUT_S, poll_s: float = 0.2) -> List[Any]:
     """Run ``fn(ctx, *args)`` in ``world_size`` ranks; their results in rank order.
 
     ``devices``: None/"cpu" (gloo), "cuda" (one GPU per rank, NCCL) or one device
-    string per rank. ``timeout_s`` bounds the rendezvous and every collective.
+    string per rank. ``resources``: what each rank's job asks for, as
+    ``fiberrl.Process`` keywords (``cpu``, ``mem``, ``time_limit``, ``partition``...;
+    a rank with torch needs a few hundred MiB). ``timeout_s`` bounds the rendezvous
+    and every collective.
     Raises :class:`RankFailedError` when a rank fails (the others are stopped).
     """
     if world_size < 1:
@@ -140,7 +143,9 @@ def launch(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (),
     try:
         for rank, device in enumerate(placement):
             parent_end, child_end = fiberrl.Pipe()
-            hints = {"gpu": 1} if device.startswith("cuda") and not _backend_is_local() else {}
+            hints = dict(resources or {})
+            if device.startswith("cuda") and not _backend_is_local():
+                hints.setdefault("gpu", 1)
             proc = fiberrl.Process(target=_rank_main, name=f"rank-{rank}", daemon=True,
                                    args=(child_end, rank, world_size, device, fn, tuple(args),
                                          timeout_s), **hints)

@@ -101,7 +101,8 @@ def _unwrapped(policy: Any) -> Iterator[None]:
 
 class OfflineTrainer:
     """Train ``policy`` (a value-based policy with ``update``/``update_target``) on
-    ``dataset``; rank 0 writes ``out`` (see the module docstring)."""
+    ``dataset``; rank 0 writes ``out``, every rank resumes from its checkpoints (see
+    the module docstring)."""
 
     def __init__(self, policy: Any, dataset: OfflineDataset, settings: OfflineSettings,
                  out: Optional[os.PathLike] = None, rank: int = 0, world_size: int = 1,

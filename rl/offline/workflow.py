@@ -86,6 +86,7 @@ class TrainingConfig:
     eval_episodes: int = 10
     ranks: int = 1
     devices: Optional[str] = None      # None/"cpu" or "cuda"
+    rank_resources: Dict[str, Any] = field(default_factory=lambda: {"mem": "2G"})  # per rank job
     resume: bool = False
 
 
@@ -188,7 +189,7 @@ def train_rank(ctx: Any, config: WorkflowConfig, spec: Dict[str, Any]) -> Dict[s
         policy.model.to(ctx.device)
         policy.target_model.to(ctx.device)
     trainer = OfflineTrainer(policy, dataset, _settings(config),
-                             out=config.out if rank == 0 else None, rank=rank, world_size=world,
+                             out=config.out, rank=rank, world_size=world,
                              info={"algo": "dqn", "workflow": "offline"},
                              acting=lambda p: FeatureSelectingPolicy(p, features))
     return trainer.train()
@@ -223,7 +224,8 @@ def run_workflow(config: WorkflowConfig, progress: bool = False) -> Dict[str, An
     if config.training.ranks > 1:
         from ..distributed import launch
         summaries = launch(train_rank, config.training.ranks, args=(config, spec),
-                           devices=config.training.devices)
+                           devices=config.training.devices,
+                           resources=config.training.rank_resources)
         summary = summaries[0]
     else:
         summary = train_rank(None, config, spec)
