@@ -1,6 +1,8 @@
 """Reinforcement learning on fiberrl: environments, a run loop with hooks, a
-functional policy builder, and ES and PPO populations whose work runs in
-fiberrl processes on any backend.
+functional policy builder, ES and PPO populations whose work runs in fiberrl
+processes on any backend, the DQN family and DDPG/TD3, Horizon's data pipeline
+(:mod:`rl.data`), offline training with CPE (:mod:`rl.offline`), data-parallel
+ranks (:mod:`rl.distributed`) and exported policies (:mod:`rl.export`, :mod:`rl.serving`).
 
 Names are imported lazily so ``import rl`` stays cheap (torch loads on first use).
 """
@@ -16,7 +18,11 @@ _EXPORTS = {
     "evaluate": "rl.evaluation",
     "Stop": "rl.stops", "AfterSteps": "rl.stops", "AfterEpisodes": "rl.stops",
     "AfterIterations": "rl.stops", "AfterSeconds": "rl.stops", "RewardReached": "rl.stops",
-    "hooks": None, "envs": None, "outputs": None,
+    "ES": "rl.algos.es", "PPO": "rl.algos.ppo", "DQN": "rl.algos.dqn",
+    "ParametricDQN": "rl.algos.parametric_dqn", "TD3": "rl.algos.td3", "DDPG": "rl.algos.td3",
+    "TrainSpec": "rl.train", "train": "rl.train",
+    "hooks": None, "envs": None, "outputs": None, "data": None, "offline": None,
+    "distributed": None, "export": None, "serving": None,
 }
 
 __all__ = sorted(_EXPORTS)

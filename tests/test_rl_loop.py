@@ -225,3 +225,19 @@ def test_checkpoint_resume_continues_counters_policy_and_curve(tmp_path):
     assert summary["env_steps"] == 64 and summary["finished"] is True
     assert summary["curve"] == [[s, m] for s, m, _ in third.evaluations]
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_vanilla_policy_gradient_example_learns_cartpole():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "examples" / "vanilla_pg.py"
+    assert len(path.read_text().splitlines()) < 40
+    spec = importlib.util.spec_from_file_location("vanilla_pg", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    torch.set_num_threads(1)
+    env = rl.make_vector_env("CartPole-v1", 4, seed=1)
+    policy = example.VanillaPG(env.observation_space, env.action_space, seed=1)
+    evaluate = Evaluate("CartPole-v1", every_steps=5_000)
+    state = rl.run(policy, env, rl.AfterSteps(100_000) | rl.RewardReached(195), [evaluate], seed=1)
+    assert state.evaluations[-1][1] >= 195, state.evaluations
