@@ -47,6 +47,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="settings", action="append", type=_parse_setting, default=[],
                         metavar="KEY=VALUE", help="algorithm setting (JSON value), repeatable")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--ranks", type=int, default=1,
+                        help="data-parallel learner ranks, one fiberrl process each (ppo, td3, ddpg)")
+    parser.add_argument("--devices", choices=("cpu", "cuda"), default=None,
+                        help="cpu (gloo, default) or cuda (one GPU per rank, NCCL)")
     parser.set_defaults(func=train_command)
 
 
@@ -62,7 +66,8 @@ def train_command(args: argparse.Namespace) -> int:
                      backend=args.backend, eval_every=args.eval_every,
                      eval_episodes=args.eval_episodes, resume=args.resume,
                      stop_on_solve=args.stop_on_solve,
-                     progress=False if args.no_progress else None, overrides=overrides)
+                     progress=False if args.no_progress else None, overrides=overrides,
+                     ranks=args.ranks, devices=args.devices)
     summary = train(spec)
     sys.stdout.write(f"{args.algo} on {args.env}: evaluation mean {summary['eval_mean']:.2f} "
                      f"± {summary['eval_std']:.2f} after {summary['env_steps']} env steps "

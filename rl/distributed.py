@@ -175,6 +175,25 @@ def launch(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (),
             conn.close()
 
 
+def broadcast_module(module: Any, source: int = 0) -> None:
+    """Give every rank ``source``'s parameters and buffers (an explicit DDP-style start)."""
+    import torch.distributed as dist
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        dist.broadcast(tensor.data, source)
+
+
+def average_gradients(parameters: Any) -> None:
+    """All-reduce the gradients of ``parameters`` and divide by the world size: what
+    DistributedDataParallel does in its backward hooks, for models whose losses do
+    not go through one ``forward`` (TD3's actor and critics)."""
+    import torch.distributed as dist
+    world = dist.get_world_size()
+    for parameter in parameters:
+        if parameter.grad is not None:
+            dist.all_reduce(parameter.grad)
+            parameter.grad /= world
+
+
 def _check_rank(rank: int, conns: List[Any], proc: Any, hosts: List[str], results: List[Any],
                 finished: List[bool]) -> Optional[str]:
     """Handle the rank's messages; a failure reason if it failed, else None."""

@@ -23,6 +23,7 @@ The ONNX path uses the ``torch.export``-based exporter and needs the ``export``
 extra (``onnx``, ``onnxscript``; ``onnxruntime`` to serve).
 """
 import contextlib
+from abc import ABC, abstractmethod
 import importlib
 import json
 import logging
@@ -96,7 +97,7 @@ def _shifted_softmax(scores: torch.Tensor, temperature: torch.Tensor) -> torch.T
     return torch.softmax((scores - top) / temperature, dim=1)
 
 
-class _Exported(nn.Module):
+class _Exported(nn.Module, ABC):
     """What every exported module shares: the preprocessor and the description."""
 
     kind = ""
@@ -119,13 +120,13 @@ class _Exported(nn.Module):
         """Input name -> {axis: name} of the axes whose size may vary."""
         return {"values": {0: "batch"}, "presence": {0: "batch"}}
 
+    @abstractmethod
     def example_inputs(self, batch: int = 2) -> Tuple[torch.Tensor, ...]:
         """Inputs of the right dtypes and shapes (for tracing and ONNX export)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def output_shapes(self, inputs: Tuple[torch.Tensor, ...]) -> List[Tuple[int, ...]]:
         """The shapes the outputs must have for ``inputs``."""
-        raise NotImplementedError
 
     def _state(self, batch: int) -> Tuple[torch.Tensor, torch.Tensor]:
         values = torch.zeros(batch, len(self.features))

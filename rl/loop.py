@@ -131,12 +131,17 @@ class _Dispatch:
 
 
 def run(policy: Any, env: Any, stop: Stop, hooks: Sequence[Hook] = (),
-        seed: Optional[int] = None) -> RunState:
+        seed: Optional[int] = None, ranks: int = 1) -> RunState:
     """Train ``policy`` on ``env`` until ``stop`` holds; returns the final :class:`RunState`.
 
     ``seed`` seeds the env's first reset (member ``i`` gets ``seed + i``).
+    ``ranks``: data-parallel ranks that each run this loop on their own env in step
+    with this one (:func:`rl.train.train` with ``ranks``); ``env_steps`` then counts
+    the steps of all of them, so stop conditions and hooks see global figures.
     Population algorithms bring their own envs and ignore ``env`` and ``seed``.
     """
+    if ranks < 1:
+        raise ValueError(f"ranks must be at least 1, got {ranks}")
     if not callable(stop):
         raise TypeError(f"stop must be a stop condition (e.g. rl.AfterSteps(1000)), got {stop!r}")
     dispatch = _Dispatch(hooks)
@@ -149,7 +154,7 @@ def run(policy: Any, env: Any, stop: Stop, hooks: Sequence[Hook] = (),
         if isinstance(policy, PopulationAlgorithm):
             _run_generations(state, stop, dispatch)
         else:
-            _run_steps(state, stop, dispatch, seed)
+            _run_steps(state, stop, dispatch, seed, ranks)
         dispatch.call(dispatch.experiment_post, state)
     finally:
         if owns_env:
@@ -171,7 +176,8 @@ def _run_generations(state: RunState, stop: Stop, dispatch: _Dispatch) -> None:
         dispatch.call(dispatch.learn_post, state, state.last_stats)
 
 
-def _run_steps(state: RunState, stop: Stop, dispatch: _Dispatch, seed: Optional[int]) -> None:
+def _run_steps(state: RunState, stop: Stop, dispatch: _Dispatch, seed: Optional[int],
+               ranks: int) -> None:
     policy, env = state.policy, state.env
     config = policy.config
     if config["batch_mode"] == "fragments":
@@ -185,7 +191,7 @@ def _run_steps(state: RunState, stop: Stop, dispatch: _Dispatch, seed: Optional[
         dispatch.call(dispatch.act_pre, state, obs)
         actions, extras = policy.compute_actions(obs, explore=True)
         next_obs, rewards, terminated, truncated, info = env.step(clip_action(env.action_space, actions))
-        state.env_steps += env.num_envs
+        state.env_steps += env.num_envs * ranks
         true_next = next_obs
         final_obs = info.get("final_obs")
         if final_obs is not None:

@@ -43,11 +43,12 @@ class Checkpoint(Hook):
     """
 
     def __init__(self, directory: os.PathLike, every_steps: int, keep: int = 2,
-                 resume: bool = False) -> None:
+                 resume: bool = False, write: bool = True) -> None:
+        """``write=False`` only restores (the other ranks of a data-parallel run)."""
         if every_steps < 1 or keep < 1:
             raise ValueError("every_steps and keep must be at least 1")
         self.directory, self.every_steps, self.keep = Path(directory), int(every_steps), int(keep)
-        self.resume = resume
+        self.resume, self.write = resume, write
         self.next_at = self.every_steps
         self.resumed_from: Optional[Path] = None
 
@@ -59,7 +60,8 @@ class Checkpoint(Hook):
         return sorted(found, key=lambda p: int(p.stem[5:]))
 
     def experiment_pre(self, run: RunState) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.write:
+            self.directory.mkdir(parents=True, exist_ok=True)
         existing = self.checkpoints()
         if self.resume and existing:
             import torch
@@ -71,11 +73,12 @@ class Checkpoint(Hook):
         self.next_at = (run.env_steps // self.every_steps + 1) * self.every_steps
 
     def learn_post(self, run: RunState, stats: Dict[str, float]) -> None:
-        if run.env_steps >= self.next_at:
+        if self.write and run.env_steps >= self.next_at:
             self.save(run)
 
     def experiment_post(self, run: RunState) -> None:
-        self.save(run)
+        if self.write:
+            self.save(run)
 
     def save(self, run: RunState) -> Path:
         """Write a checkpoint of the current state now; returns its path."""

@@ -18,7 +18,9 @@ ordinary subclass whose methods call the functions you give it, in this order:
    batch layout of the two batch modes;
 4. learning: ``config["num_epochs"]`` passes over the batch in shuffled minibatches
    of ``config["minibatch_size"]`` rows (default: the whole batch); each calls
-   ``loss_fn(model, minibatch, config) -> loss`` (or ``(loss, {name: value})``),
+   ``loss_fn(model, minibatch, config) -> loss`` (or ``(loss, {name: value})``; with
+   :meth:`Policy.enable_data_parallel` ``model`` is a DistributedDataParallel wrapper,
+   so a loss that should average gradients over ranks must call ``model(...)``),
    back-propagates, clips the gradient norm to ``config["max_grad_norm"]`` (when
    set) and steps the optimizer;
 5. after learning: ``stats_fn(policy, batch, stats) -> dict``, merged into the
@@ -95,6 +97,7 @@ class Policy(ABC):
             torch.manual_seed(seed)
         self.generator = np.random.default_rng(seed)
         self.model = self.make_model()
+        self.learner_model: nn.Module = self.model  # what the loss runs (a DDP wrapper when data-parallel)
         self.optimizer = self.make_optimizer()
         self.samples_learned = 0
 
@@ -190,6 +193,17 @@ class Policy(ABC):
                 tensors[key] = torch.as_tensor(array, dtype=torch.float32)
         return tensors
 
+    def enable_data_parallel(self, device: Optional[str] = None) -> None:
+        """Average gradients over the ranks of the current torch.distributed group:
+        the loss runs through a ``DistributedDataParallel`` wrapper of the model (which
+        also makes every rank start from rank 0's weights); acting stays local."""
+        from torch.nn.parallel import DistributedDataParallel
+        if device and device.startswith("cuda"):
+            self.model.to(device)
+            self.learner_model = DistributedDataParallel(self.model, device_ids=[device])
+        else:
+            self.learner_model = DistributedDataParallel(self.model)
+
     def state_dict(self) -> Dict[str, Any]:
         """Model, optimizer, counters and RNG state: all that resuming needs."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -229,7 +243,7 @@ def build_policy(name: str, model_fn: Callable[..., nn.Module], loss_fn: Callabl
                    f"{loss_fn.__name__}{', ' + postprocess_fn.__name__ if postprocess_fn else ''}).",
         "default_config": {**BASE_CONFIG, **(defaults or {})},
         "make_model": lambda self: model_fn(self.observation_space, self.action_space, self.config),
-        "loss": lambda self, batch: loss_fn(self.model, batch, self.config),
+        "loss": lambda self, batch: loss_fn(self.learner_model, batch, self.config),
     }
     if optimizer_fn is not None:
         namespace["make_optimizer"] = lambda self: optimizer_fn(self.model, self.config)

@@ -40,6 +40,9 @@ class TrainSpec:
     stop_on_solve: bool = False  # stop at the first evaluation at or above the threshold
     progress: Optional[bool] = None  # progress bar (default: when stderr is a terminal)
     overrides: Dict[str, Any] = field(default_factory=dict)  # algorithm settings (--set k=v)
+    ranks: int = 1                  # data-parallel learner ranks (ppo, td3, ddpg), one process each
+    devices: Optional[str] = None   # "cpu" (gloo) or "cuda" (one GPU per rank, NCCL)
+    rank_resources: Dict[str, Any] = field(default_factory=lambda: {"mem": "2G"})  # per rank job
 
 
 @dataclass
@@ -53,6 +56,11 @@ class Trainee:
 
 
 ALGORITHMS: Dict[str, Callable[[TrainSpec], Trainee]] = {}
+
+# Algorithms whose learner can run data-parallel over ranks (the agent has
+# ``enable_data_parallel``); the offline DQN family has its own path (rl.offline).
+DATA_PARALLEL = ("ppo", "td3", "ddpg")
+RANK_SEED_STRIDE = 1000  # rank r steps its envs with seed + r * RANK_SEED_STRIDE
 
 
 def register(name: str) -> Callable[[Callable[[TrainSpec], Trainee]], Callable[[TrainSpec], Trainee]]:
@@ -70,12 +78,13 @@ def algorithm_names() -> List[str]:
 
 
 def train(spec: TrainSpec) -> Dict[str, Any]:
-    """Run ``spec`` to the end and return the summary (also in ``out/summary.json``)."""
-    from .hooks import Evaluate, Progress, TensorBoard
-    from .loop import run
-    from .outputs import Checkpoint, Summary
-    from .stops import AfterSteps, RewardReached
+    """Run ``spec`` to the end and return the summary (also in ``out/summary.json``).
 
+    With ``spec.ranks > 1`` (PPO, TD3, DDPG) every rank is a fiberrl process (:mod:`rl.distributed`)
+    stepping its own envs (seeds offset by ``RANK_SEED_STRIDE`` per rank); gradients are
+    averaged over the ranks; rank 0 evaluates and writes the outputs; every rank resumes
+    from the checkpoints. ``env_steps`` counts the steps of all ranks.
+    """
     names = algorithm_names()
     if spec.algo not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {spec.algo!r}; choose one of {', '.join(names)}")
@@ -84,21 +93,51 @@ def train(spec: TrainSpec) -> Dict[str, Any]:
     if spec.backend:
         import fiberrl
         fiberrl.init(backend=spec.backend)
+    if spec.ranks > 1:
+        if spec.algo not in DATA_PARALLEL:
+            raise ValueError(f"--ranks > 1 is available for {', '.join(DATA_PARALLEL)} (and the "
+                             f"offline workflow's [training] ranks), not {spec.algo!r}")
+        if spec.stop_on_solve:
+            raise ValueError("--stop-on-solve cannot be used with --ranks > 1 (only rank 0 "
+                             "evaluates, so the ranks would disagree on when to stop)")
+        from .distributed import launch
+        return launch(_train_rank, spec.ranks, args=(spec,), devices=spec.devices,
+                      resources=spec.rank_resources)[0]
+    return _train_rank(None, spec)
+
+
+def _train_rank(ctx: Any, spec: TrainSpec) -> Dict[str, Any]:
+    """One rank of :func:`train` (``ctx`` None: the only rank, in this process)."""
+    from dataclasses import replace
+    from .hooks import Evaluate, Progress, TensorBoard
+    from .loop import run
+    from .outputs import Checkpoint, Summary
+    from .stops import AfterSteps, RewardReached
     import torch
     torch.set_num_threads(1)  # small networks: threads cost more than they give on few cores
+    rank, ranks = (0, 1) if ctx is None else (ctx.rank, ctx.world_size)
+    algorithm_names()  # a rank is a fresh process: register the built-in algorithms
     out = Path(spec.out)
     eval_every = spec.eval_every or max(1, math.ceil(spec.total_steps / 20))
-    trainee = ALGORITHMS[spec.algo](spec)
+    trainee = ALGORITHMS[spec.algo](replace(spec, seed=spec.seed + rank * RANK_SEED_STRIDE))
     try:
+        if ranks > 1:
+            trainee.agent.enable_data_parallel(ctx.device)
+        checkpoint = Checkpoint(out / "checkpoints", spec.checkpoint_every or eval_every,
+                                resume=spec.resume, write=rank == 0)
+        if rank > 0:  # restore like rank 0, then only learn in step with it
+            return run(trainee.agent, trainee.env, AfterSteps(spec.total_steps), [checkpoint],
+                       seed=spec.seed + rank * RANK_SEED_STRIDE, ranks=ranks).counters()
         from .envs import reward_threshold
         evaluate = Evaluate(trainee.eval_env or spec.env, every_steps=eval_every,
                             episodes=spec.eval_episodes, threshold=reward_threshold(spec.env))
         hooks = [
-            Checkpoint(out / "checkpoints", spec.checkpoint_every or eval_every, resume=spec.resume),
+            checkpoint,
             evaluate,
             TensorBoard(out / "tb"),
             Summary(out, evaluate, {"algo": spec.algo, "env": spec.env, "seed": spec.seed,
                                     "workers": spec.workers, "backend": spec.backend,
+                                    "ranks": ranks,
                                     "settings": _settings(trainee.agent)}),
             Progress(spec.total_steps, description=f"{spec.algo} {spec.env}",
                      disable=None if spec.progress is None else not spec.progress),
@@ -106,7 +145,7 @@ def train(spec: TrainSpec) -> Dict[str, Any]:
         stop = AfterSteps(spec.total_steps)
         if spec.stop_on_solve and evaluate.threshold is not None:
             stop = stop | RewardReached(evaluate.threshold)
-        state = run(trainee.agent, trainee.env, stop, hooks, seed=spec.seed)
+        state = run(trainee.agent, trainee.env, stop, hooks, seed=spec.seed, ranks=ranks)
         return hooks[3].summary(state, finished=True)
     finally:
         for close in reversed(trainee.closers):

@@ -148,3 +148,63 @@ formats = ["torchscript"]
     assert [e["epoch"] for e in second["epochs"]] == [0, 1]
     assert second["epochs"][0] == first["epochs"][0]
     assert (tmp_path / "run" / "checkpoints" / "epoch-1.pt").exists()
+
+
+def ppo_rank(ctx):
+    import rl
+    from rl.algos.ppo import PPO
+    torch.set_num_threads(1)
+    env = rl.make_vector_env("CartPole-v1", 2, seed=100 * ctx.rank)
+    try:
+        policy = PPO(env.observation_space, env.action_space, seed=ctx.rank,
+                     config={"total_steps": 1024, "rollout_length": 32, "minibatch_size": 32})
+        start = torch.nn.utils.parameters_to_vector(policy.model.parameters()).detach().clone()
+        policy.enable_data_parallel(ctx.device)
+        state = rl.run(policy, env, rl.AfterSteps(1024), seed=100 * ctx.rank, ranks=ctx.world_size)
+    finally:
+        env.close()
+    end = torch.nn.utils.parameters_to_vector(policy.model.parameters()).detach()
+    return start.numpy(), end.numpy(), state.env_steps, state.iterations
+
+
+def test_ppo_learner_ranks_stay_identical_while_stepping_their_own_envs():
+    (start0, end0, steps0, it0), (start1, end1, steps1, it1) = launch(ppo_rank, 2)
+    assert not np.array_equal(start0, start1)      # seeded apart; DDP starts them from rank 0
+    np.testing.assert_allclose(end0, end1, rtol=0, atol=1e-6)
+    assert not np.allclose(end0, start0)
+    assert steps0 == steps1 == 1024 and it0 == it1 == 1024 // (32 * 2 * 2)
+
+
+def test_fiberrl_train_ppo_with_two_ranks_writes_global_counts_and_resumes(tmp_path):
+    from rl.train import TrainSpec, train
+    spec = TrainSpec(algo="ppo", env="CartPole-v1", out=tmp_path, total_steps=1024, num_envs=2,
+                     eval_every=512, eval_episodes=2, progress=False, ranks=2,
+                     overrides={"rollout_length": 32, "minibatch_size": 32})
+    summary = train(spec)
+    assert summary["env_steps"] == 1024 and summary["ranks"] == 2
+    assert [point[0] for point in summary["curve"]] == [0, 512, 1024]
+    spec.total_steps, spec.resume = 2048, True
+    resumed = train(spec)
+    assert resumed["env_steps"] == 2048 and resumed["curve"][:3] == summary["curve"]
+    with pytest.raises(ValueError, match="--ranks > 1 is available for ppo"):
+        train(TrainSpec(algo="dqn", env="CartPole-v1", out=tmp_path, ranks=2))
+
+
+def td3_rank(ctx):
+    import rl
+    from rl.algos.td3 import TD3
+    torch.set_num_threads(1)
+    env = rl.make_vector_env("Pendulum-v1", 1, seed=100 * ctx.rank)
+    try:
+        policy = TD3(env.observation_space, env.action_space, seed=ctx.rank,
+                     config={"learning_starts": 64, "batch_size": 32, "hidden": (32, 32)})
+        policy.enable_data_parallel(ctx.device)
+        rl.run(policy, env, rl.AfterSteps(200), seed=100 * ctx.rank, ranks=ctx.world_size)
+    finally:
+        env.close()
+    return torch.nn.utils.parameters_to_vector(policy.model.parameters()).detach().numpy()
+
+
+def test_td3_ranks_average_gradients_and_stay_identical():
+    first, second = launch(td3_rank, 2)
+    np.testing.assert_allclose(first, second, rtol=0, atol=1e-6)

@@ -86,17 +86,29 @@ class ActorCritic(nn.Module):
         if continuous:
             self.log_std = nn.Parameter(torch.full((action_size,), float(init_log_std)))
 
+    def forward(self, obs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(actor output, standard deviations, values)``; the standard deviations are
+        empty for discrete actions. The loss goes through ``forward`` so that a
+        DistributedDataParallel wrapper sees every parameter used."""
+        out = self.actor(obs)
+        std = self.log_std.exp().expand_as(out) if self.continuous else out.new_zeros(0)
+        return out, std, self.critic(obs).squeeze(-1)
+
     def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
         """The action distribution at ``obs``."""
-        out = self.actor(obs)
-        if self.continuous:
-            return torch.distributions.Normal(out, self.log_std.exp().expand_as(out),
-                                              validate_args=False)
-        return torch.distributions.Categorical(logits=out, validate_args=False)
+        out, std, _ = self(obs)
+        return distribution_of(out, std)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """State values, shape ``[B]``."""
         return self.critic(obs).squeeze(-1)
+
+
+def distribution_of(out: torch.Tensor, std: torch.Tensor) -> torch.distributions.Distribution:
+    """Gaussian with ``std`` (continuous) or categorical over logits ``out`` (``std`` empty)."""
+    if std.numel():
+        return torch.distributions.Normal(out, std, validate_args=False)
+    return torch.distributions.Categorical(logits=out, validate_args=False)
 
 
 def actor_critic(observation_space: Any, action_space: Any, config: Dict[str, Any]) -> ActorCritic:
@@ -149,10 +161,11 @@ def gae(policy: Any, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
 def ppo_loss(model: ActorCritic, batch: Dict[str, torch.Tensor],
              config: Dict[str, Any]) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     """``loss_fn``: clipped surrogate + value loss - entropy bonus, with diagnostics."""
-    dist = model.distribution(batch["obs"])
+    out, std, values = model(batch["obs"])  # model may be a DistributedDataParallel wrapper
+    dist = distribution_of(out, std)
     logp = dist.log_prob(batch["actions"])
     entropy = dist.entropy()
-    if model.continuous:
+    if std.numel():
         logp, entropy = logp.sum(-1), entropy.sum(-1)
     log_ratio = logp - batch["logp"]
     ratio = log_ratio.exp()
@@ -161,7 +174,6 @@ def ppo_loss(model: ActorCritic, batch: Dict[str, torch.Tensor],
     clip = config["clip"]
     policy_loss = torch.max(-advantages * ratio,
                             -advantages * ratio.clamp(1.0 - clip, 1.0 + clip)).mean()
-    values = model.value(batch["obs"])
     value_loss = (values - batch["returns"]) ** 2
     if config["clip_value"]:
         clipped = batch["values"] + (values - batch["values"]).clamp(-clip, clip)

@@ -407,9 +407,23 @@ class TD3(Policy):
         next_q = self.model.q(features, next_actions, target=True).min(dim=0).values
         return rewards + discounts * (~terminated).float() * next_q
 
+    def enable_data_parallel(self, device: Optional[str] = None) -> None:
+        """Average gradients over the ranks of the current torch.distributed group, every
+        rank starting from rank 0's networks. The actor and critics are used through
+        methods rather than one ``forward``, so gradients are all-reduced explicitly
+        after each backward pass (the arithmetic of DistributedDataParallel)."""
+        from ..distributed import broadcast_module
+        if device and device.startswith("cuda"):
+            self.model.to(device)
+        broadcast_module(self.model)
+        self.data_parallel = True
+
     def _step(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor, net: nn.Module) -> None:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if getattr(self, "data_parallel", False):
+            from ..distributed import average_gradients
+            average_gradients(net.parameters())
         if self.config["max_grad_norm"]:
             nn.utils.clip_grad_norm_(net.parameters(), self.config["max_grad_norm"])
         optimizer.step()
