@@ -134,7 +134,7 @@ class Summary(Hook):
     def write(self, run: RunState, finished: bool) -> None:
         """Write both files now."""
         summary = self.summary(run, finished)
-        text = json.dumps(summary, indent=2)
+        text = json.dumps(json_safe(summary), indent=2)
         _replace_atomically(self.directory / "summary.json", lambda tmp: tmp.write_text(text))
         if run.evaluations and (finished or time.monotonic() - self.plotted_at >= self.plot_every_s):
             self.plotted_at = time.monotonic()
@@ -142,6 +142,20 @@ class Summary(Hook):
                        title=f"{summary.get('algo', '')} on {summary.get('env', '')}",
                        threshold=self.evaluate.threshold)
         self.written_evaluations = len(run.evaluations)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as strict JSON data: NaN and infinities become None, tuples lists,
+    paths strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
 
 
 def plot_curve(evaluations: List[tuple], path: Path, title: str = "",

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from .cpe_epoch import evaluate_sample, flat_scalars
+from ..outputs import json_safe
 from .dataset import OfflineDataset
 
 logger = logging.getLogger(__name__)
@@ -283,19 +284,8 @@ class OfflineTrainer:
                 "eval_std": None if last is None else last.eval_std}
 
     def _write_summary(self) -> None:
-        text = json.dumps(_finite(self.summary()), indent=2)
+        text = json.dumps(json_safe(self.summary()), indent=2)
         path = self.out / "summary.json"
         tmp = path.with_name(".summary.json.tmp")
         tmp.write_text(text)
         os.replace(tmp, path)
-
-
-def _finite(value: Any) -> Any:
-    """NaN and infinities become None so that summary.json is strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value

@@ -230,7 +230,8 @@ def run_workflow(config: WorkflowConfig, progress: bool = False) -> Dict[str, An
     else:
         summary = train_rank(None, config, spec)
     summary.update(_finish(config, spec))
-    (out / "summary.json").write_text(json.dumps(_strict(summary), indent=2))
+    from ..outputs import json_safe
+    (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2))
     return summary
 
 
@@ -299,18 +300,7 @@ class FeatureSelectingPolicy:
         return self.policy.compute_actions(np.asarray(obs, np.float32)[:, self.columns], explore)
 
 
-def _strict(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
 def config_dict(config: WorkflowConfig) -> Dict[str, Any]:
     """The config as plain data (for logs and summaries)."""
-    return _strict(asdict(config))
+    from ..outputs import json_safe
+    return json_safe(asdict(config))
