@@ -13,10 +13,9 @@
 from __future__ import annotations
 
 import logging
-import math
 
 from .algos import dqn_builders, td3_builders  # noqa: F401  (they register themselves)
-from .train import Trainee, TrainSpec, register
+from .train import Trainee, TrainSpec, register, step_trainee
 
 logger = logging.getLogger(__name__)
 
@@ -33,18 +32,10 @@ def build_es(spec: TrainSpec) -> Trainee:
 def build_ppo(spec: TrainSpec) -> Trainee:
     """PPO on a vector env (in this process, or in ``spec.workers`` fiberrl processes)."""
     from .algos.ppo import CONTINUOUS_DEFAULTS, PPO
-    from .envs import is_discrete, make_vector_env
-    num_envs = spec.num_envs or 4
-    if spec.workers > 0:
-        env = make_vector_env(spec.env, num_envs, seed=spec.seed, in_processes=True,
-                              envs_per_process=math.ceil(num_envs / spec.workers))
-    else:
-        env = make_vector_env(spec.env, num_envs, seed=spec.seed)
-    try:
+    from .envs import is_discrete
+
+    def make_agent(env):
         defaults = {} if is_discrete(env.action_space) else CONTINUOUS_DEFAULTS
         config = {**defaults, "total_steps": spec.total_steps, **spec.overrides}
-        agent = PPO(env.observation_space, env.action_space, config=config, seed=spec.seed)
-    except BaseException:
-        env.close()
-        raise
-    return Trainee(agent, env, [env.close])
+        return PPO(env.observation_space, env.action_space, config=config, seed=spec.seed)
+    return step_trainee(spec, make_agent, default_num_envs=4)

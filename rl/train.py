@@ -71,6 +71,28 @@ def register(name: str) -> Callable[[Callable[[TrainSpec], Trainee]], Callable[[
     return decorate
 
 
+def step_trainee(spec: TrainSpec, make_agent: Callable[[Any], Any], default_num_envs: int = 1,
+                 env_spec: Any = None, **trainee: Any) -> Trainee:
+    """A step-driven algorithm's :class:`Trainee`: a vector env of ``spec.num_envs``
+    members (default ``default_num_envs``) of ``env_spec`` (default ``spec.env``),
+    stepped in this process, or in ``spec.workers`` fiberrl processes when
+    ``spec.workers`` > 0; then ``make_agent(env)``. The env is closed if that fails."""
+    from .envs import make_vector_env
+    num_envs = spec.num_envs or default_num_envs
+    env_spec = spec.env if env_spec is None else env_spec
+    if spec.workers > 0:
+        env = make_vector_env(env_spec, num_envs, seed=spec.seed, in_processes=True,
+                              envs_per_process=math.ceil(num_envs / spec.workers))
+    else:
+        env = make_vector_env(env_spec, num_envs, seed=spec.seed)
+    try:
+        agent = make_agent(env)
+    except BaseException:
+        env.close()
+        raise
+    return Trainee(agent, env, [env.close], **trainee)
+
+
 def algorithm_names() -> List[str]:
     """The names ``fiberrl train`` accepts."""
     from . import builders  # noqa: F401  (registers the built-in algorithms)

@@ -17,35 +17,19 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
-from typing import Any
 
-from ..train import Trainee, TrainSpec, register
+from ..train import Trainee, TrainSpec, register, step_trainee
 
 logger = logging.getLogger(__name__)
-
-
-def _vector_env(spec: TrainSpec, env_spec: Any) -> Any:
-    from ..envs import make_vector_env
-    num_envs = spec.num_envs or 1
-    if spec.workers > 0:
-        return make_vector_env(env_spec, num_envs, seed=spec.seed, in_processes=True,
-                               envs_per_process=math.ceil(num_envs / spec.workers))
-    return make_vector_env(env_spec, num_envs, seed=spec.seed)
 
 
 @register("dqn")
 def build_dqn(spec: TrainSpec) -> Trainee:
     """DQN on a vector env of ``spec.num_envs`` (default 1) members."""
     from .dqn import DQN
-    env = _vector_env(spec, spec.env)
-    try:
-        config = {"total_steps": spec.total_steps, **spec.overrides}
-        agent = DQN(env.observation_space, env.action_space, config=config, seed=spec.seed)
-    except BaseException:
-        env.close()
-        raise
-    return Trainee(agent, env, [env.close])
+    config = {"total_steps": spec.total_steps, **spec.overrides}
+    return step_trainee(spec, lambda env: DQN(env.observation_space, env.action_space,
+                                              config=config, seed=spec.seed))
 
 
 @register("parametric_dqn")
@@ -57,11 +41,7 @@ def build_parametric_dqn(spec: TrainSpec) -> Trainee:
     probe = make()  # the layout, read in this process
     layout = probe.layout
     probe.close()
-    env = _vector_env(spec, make)
-    try:
-        config = {**layout.policy_config(), "total_steps": spec.total_steps, **spec.overrides}
-        agent = ParametricDQN(env.observation_space, env.action_space, config=config, seed=spec.seed)
-    except BaseException:
-        env.close()
-        raise
-    return Trainee(agent, env, [env.close], eval_env=make)
+    config = {**layout.policy_config(), "total_steps": spec.total_steps, **spec.overrides}
+    return step_trainee(spec, lambda env: ParametricDQN(env.observation_space, env.action_space,
+                                                        config=config, seed=spec.seed),
+                        env_spec=make, eval_env=make)

@@ -8,29 +8,16 @@ process, or in ``--workers`` fiberrl processes when ``--workers`` > 0.
 from __future__ import annotations
 
 import logging
-import math
 
-from ..train import Trainee, TrainSpec, register
+from ..train import Trainee, TrainSpec, register, step_trainee
 
 logger = logging.getLogger(__name__)
 
 
 def _build(policy_class: type, spec: TrainSpec) -> Trainee:
-    """``policy_class`` on a vector env made from ``spec``; the env is closed on failure."""
-    from ..envs import make_vector_env
-    num_envs = spec.num_envs or 1
-    if spec.workers > 0:
-        env = make_vector_env(spec.env, num_envs, seed=spec.seed, in_processes=True,
-                              envs_per_process=math.ceil(num_envs / spec.workers))
-    else:
-        env = make_vector_env(spec.env, num_envs, seed=spec.seed)
-    try:
-        agent = policy_class(env.observation_space, env.action_space,
-                             config=dict(spec.overrides), seed=spec.seed)
-    except BaseException:
-        env.close()
-        raise
-    return Trainee(agent, env, [env.close])
+    """``policy_class`` on a vector env made from ``spec``."""
+    return step_trainee(spec, lambda env: policy_class(
+        env.observation_space, env.action_space, config=dict(spec.overrides), seed=spec.seed))
 
 
 @register("td3")
