@@ -359,7 +359,7 @@ class DQN(Policy):
     def loss(self, batch: Mapping[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
         """The TD loss of a minibatch (Huber or squared error) and diagnostics."""
         targets = self.td_targets(batch)
-        q, _ = self.q_and_mask(self.model, batch["obs"])
+        q, _ = self.q_and_mask(self.learner_model, batch["obs"])  # DDP-wrapped when data-parallel
         taken = q.gather(1, batch["actions"].unsqueeze(1)).squeeze(1)
         if self.config["loss"] == "huber":
             loss = F.smooth_l1_loss(taken, targets)

@@ -84,7 +84,7 @@ def evaluate_sample(policy: Any, dataset: Any, rows: np.ndarray, temperature: fl
     rewards = arrays["rewards"][rows].astype(np.float64)
     propensities = arrays["propensities"][rows]
     results: Dict[str, Dict[str, Dict[str, float]]] = {}
-    trajectories = cpe.Trajectories(arrays["mdp_ids"][rows].astype(str), arrays["ordinals"][rows],
+    trajectories = cpe.Trajectories(arrays["mdp_ids"][rows], arrays["ordinals"][rows],
                                     actions, rewards, propensities, probs, q_estimates=q,
                                     gamma=dataset.gamma)
     results["sequential"] = _report_dict(cpe.evaluate(trajectories, n_bootstrap=n_bootstrap,

@@ -11,7 +11,7 @@ the value-based policies' ``update(batch)`` takes:
 - ``discounts``: ``gamma ** time_diff``, the discount over the sequence-number gap to
   the next row (duplicates: ``time_diff`` 0, discount 1), as Horizon does;
 - ``possible_next_actions`` (bool ``[N, A]``) when possible actions were logged;
-- for CPE and metrics: ``mdp_ids``, ``ordinals`` (1, 2, ... within the MDP),
+- for CPE and metrics: ``mdp_ids`` (str), ``ordinals`` (1, 2, ... within the MDP),
   ``propensities`` (the logged action probability), ``episode_values`` (the
   discounted Monte Carlo return from the row, for the MC loss).
 """
@@ -58,7 +58,7 @@ class OfflineDataset:
             "rewards": data["reward"].astype(np.float32),
             "terminated": data["terminal"],
             "discounts": np.power(gamma, data["time_diff"]).astype(np.float32),
-            "mdp_ids": data["mdp_id"], "ordinals": data["sequence_number_ordinal"],
+            "mdp_ids": data["mdp_id"].astype(str), "ordinals": data["sequence_number_ordinal"],
             "propensities": data["action_probability"],
             "episode_values": data["episode_value"].astype(np.float32),
         }
@@ -88,5 +88,5 @@ class OfflineDataset:
 
     def episode_rows(self, rows: np.ndarray) -> np.ndarray:
         """``rows`` in their original order: by MDP, then by position in the MDP."""
-        keys = np.lexsort((self.arrays["ordinals"][rows], self.arrays["mdp_ids"][rows].astype(str)))
+        keys = np.lexsort((self.arrays["ordinals"][rows], self.arrays["mdp_ids"][rows]))
         return rows[keys]

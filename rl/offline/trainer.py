@@ -24,7 +24,6 @@ import logging
 import math
 import os
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
@@ -89,17 +88,6 @@ class LocalBatches:
             yield rows
 
 
-@contextmanager
-def _unwrapped(policy: Any) -> Iterator[None]:
-    """Let ``policy`` see its plain model (not the DDP wrapper) inside the block."""
-    wrapper = policy.model
-    policy.model = getattr(wrapper, "module", wrapper)
-    try:
-        yield
-    finally:
-        policy.model = wrapper
-
-
 class OfflineTrainer:
     """Train ``policy`` (a value-based policy with ``update``/``update_target``) on
     ``dataset``; rank 0 writes ``out``, every rank resumes from its checkpoints (see
@@ -147,9 +135,8 @@ class OfflineTrainer:
 
     def _wrap_for_ranks(self) -> None:
         if self.world_size > 1:
-            from torch.nn.parallel import DistributedDataParallel
-            self.policy.model = DistributedDataParallel(self.policy.model)
-            self.policy.update_target(1.0)  # the target starts from rank 0's weights too
+            self.policy.enable_data_parallel()  # DDP starts every rank from rank 0's weights
+            self.policy.update_target(1.0)  # ... and the target from them too
 
     # -- checkpoints -------------------------------------------------------------------
     def _checkpoint_dir(self) -> Optional[Path]:
@@ -172,9 +159,8 @@ class OfflineTrainer:
     def _save(self, epoch: int) -> None:
         directory = self._checkpoint_dir()
         directory.mkdir(parents=True, exist_ok=True)
-        with _unwrapped(self.policy):
-            state = {"policy": self.policy.state_dict(), "epoch": epoch, "wall_s": self.wall_s,
-                     "reports": [asdict(r) for r in self.reports]}
+        state = {"policy": self.policy.state_dict(), "epoch": epoch, "wall_s": self.wall_s,
+                 "reports": [asdict(r) for r in self.reports]}
         path = directory / f"epoch-{epoch}.pt"
         tmp = path.with_name(f".{path.name}.tmp")
         torch.save(state, tmp)
@@ -197,17 +183,17 @@ class OfflineTrainer:
         finally:
             if self.writer is not None:
                 self.writer.close()
-            self.policy.model = getattr(self.policy.model, "module", self.policy.model)
+            self.policy.learner_model = self.policy.model  # the process group ends with the run
         return self.summary()
 
     def _cpe_sample_mask(self, epoch: int) -> np.ndarray:
         mdp_ids = self.dataset.arrays["mdp_ids"]
         if self.rank != 0 or self.settings.cpe_mdps <= 0:
             return np.zeros(len(mdp_ids), bool)
-        unique = np.unique(mdp_ids.astype(str))
+        unique = np.unique(mdp_ids)
         rng = np.random.default_rng([self.settings.seed, epoch, 7919])
         chosen = rng.choice(unique, size=min(len(unique), self.settings.cpe_mdps), replace=False)
-        return np.isin(mdp_ids.astype(str), chosen)
+        return np.isin(mdp_ids, chosen)
 
     def _epoch(self, epoch: int) -> None:
         started = time.perf_counter()
@@ -228,8 +214,7 @@ class OfflineTrainer:
         report = EpochReport(epoch=epoch, td_loss=td_loss, mc_loss=math.nan, updates=updates,
                              samples_per_s=samples / max(elapsed, 1e-9))
         if self.rank == 0:
-            with _unwrapped(self.policy):
-                self._rank0_epoch_end(report, np.concatenate(kept) if kept else np.zeros(0, int))
+            self._rank0_epoch_end(report, np.concatenate(kept) if kept else np.zeros(0, int))
         self.wall_s += time.perf_counter() - started
         self.reports.append(report)
         if self.rank == 0:
