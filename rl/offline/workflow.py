@@ -42,6 +42,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from .trainer import OfflineSettings
+
 logger = logging.getLogger(__name__)
 
 TABLES = ("generate", "data", "model", "training", "export")
@@ -72,22 +74,12 @@ class DataConfig:
 
 
 @dataclass
-class TrainingConfig:
+class TrainingConfig(OfflineSettings):
     """``[training]``: :class:`~rl.offline.trainer.OfflineSettings` plus the ranks."""
 
-    epochs: int = 10
-    batch_size: int = 256
-    target_update_every: int = 100
-    cpe_mdps: int = 300
-    temperature: float = 0.1
-    n_bootstrap: int = 200
-    seed: int = 0
-    eval_env: Optional[str] = None
-    eval_episodes: int = 10
     ranks: int = 1
     devices: Optional[str] = None      # None/"cpu" or "cuda"
     rank_resources: Dict[str, Any] = field(default_factory=lambda: {"mem": "2G"})  # per rank job
-    resume: bool = False
 
 
 @dataclass
@@ -163,14 +155,10 @@ def _policy(config: WorkflowConfig, spec: Dict[str, Any], features: Sequence[str
                seed=config.training.seed, preprocessor=preprocessor)
 
 
-def _settings(config: WorkflowConfig) -> Any:
-    from .trainer import OfflineSettings
-    t = config.training
-    return OfflineSettings(epochs=t.epochs, batch_size=t.batch_size,
-                           target_update_every=t.target_update_every, cpe_mdps=t.cpe_mdps,
-                           temperature=t.temperature, n_bootstrap=t.n_bootstrap, seed=t.seed,
-                           eval_env=t.eval_env,
-                           eval_episodes=t.eval_episodes, resume=t.resume)
+def _settings(config: WorkflowConfig) -> OfflineSettings:
+    """The trainer's part of ``[training]``."""
+    return OfflineSettings(**{f.name: getattr(config.training, f.name)
+                              for f in fields(OfflineSettings)})
 
 
 def train_rank(ctx: Any, config: WorkflowConfig, spec: Dict[str, Any]) -> Dict[str, Any]:
@@ -243,8 +231,8 @@ def _finish(config: WorkflowConfig, spec: Dict[str, Any]) -> Dict[str, Any]:
     checkpoints = sorted((config.out / "checkpoints").glob("epoch-*.pt"),
                          key=lambda p: int(p.stem[6:]))
     saved = torch.load(checkpoints[-1], map_location="cpu", weights_only=False)
-    num_actions = saved["policy"]["model"][_head_key(saved["policy"]["model"])].shape[0]
-    policy = _policy(config, spec, features, num_actions)
+    action_names = config.data.action_names or _timeline_actions(config.out / "timeline")
+    policy = _policy(config, spec, features, len(action_names))
     policy.load_state_dict(saved["policy"])
     result: Dict[str, Any] = {"exported": {}}
     if config.training.eval_env:
@@ -252,16 +240,9 @@ def _finish(config: WorkflowConfig, spec: Dict[str, Any]) -> Dict[str, Any]:
         evaluation = evaluate(FeatureSelectingPolicy(policy, features), config.training.eval_env,
                               config.training.eval_episodes)
         result["eval_mean"], result["eval_std"] = evaluation.mean, evaluation.std
-    action_names = config.data.action_names or _timeline_actions(config.out / "timeline")
     result["exported"] = export_dqn(policy, features, action_names, config.out,
                                     config.export.formats)
     return result
-
-
-def _head_key(state: Dict[str, Any]) -> str:
-    """The state-dict key of the last layer's bias (its length is the action count)."""
-    biases = [k for k in state if k.endswith("bias")]
-    return biases[-1]
 
 
 def _timeline_actions(directory: Path) -> List[str]:
