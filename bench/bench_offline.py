@@ -36,7 +36,7 @@ def _final_policy(config, out: Path):
 
 
 def gridworld(out: Path) -> None:
-    from rl.envs import Gridworld, optimal_q
+    from rl.envs import Gridworld, optimal_q, policy_value
     from rl.offline.cpe_epoch import softmax_policy
     from rl.offline.workflow import load_config, run_workflow
     config = load_config(ROOT / "configs" / "gridworld_offline.toml")
@@ -51,11 +51,7 @@ def gridworld(out: Path) -> None:
     cells = [int(f) for f in features]
     mae = float(np.abs(q[cells] - optimal_q(env, gamma)[cells]).mean())
     probs = softmax_policy(q, config.training.temperature)
-    next_state, reward, terminal = env.transition_table()
-    value = np.zeros(25)
-    for _ in range(2000):
-        value = np.where(terminal, 0.0, (probs * (reward + gamma * np.where(
-            terminal[next_state], 0.0, value[next_state]))).sum(1))
+    value = policy_value(env, probs, gamma)
     logger.info("Gridworld offline Q-learning: MAE of Q against Q* = %.4f (bar 0.1)", mae)
     logger.info("CPE of softmax(Q / %g) vs its true value %.4f:", config.training.temperature, value[0])
     for name, e in summary["cpe"]["sequential"].items():

@@ -15,7 +15,7 @@ from rl.data import FeatureNormalizer, generate_logged_data, run_timeline  # noq
 from rl.data.identify import IdentifyOptions, identify_features  # noqa: E402
 from rl.data.sampling import sample_features  # noqa: E402
 from rl.data.spec import spec_features  # noqa: E402
-from rl.envs import Gridworld, optimal_q  # noqa: E402
+from rl.envs import Gridworld, optimal_q, policy_value  # noqa: E402
 from rl.offline.cpe_epoch import softmax_policy  # noqa: E402
 from rl.offline.dataset import OfflineDataset  # noqa: E402
 from rl.offline.preprocess import MaskedNormalizer  # noqa: E402
@@ -71,12 +71,7 @@ def test_offline_q_learning_matches_q_star_and_cpe_brackets_the_true_value(gridw
     # the true value of the CPE target policy (softmax of Q / 0.01) from the start cell
     probs = softmax_policy(policy.q_values(_cell_observations(features, range(25))).numpy()
                            .astype(np.float64), 0.01)
-    next_state, reward, terminal = env.transition_table()
-    value = np.zeros(25)
-    for _ in range(1000):
-        value = np.where(terminal, 0.0,
-                         (probs * (reward + GAMMA * np.where(terminal[next_state], 0.0,
-                                                             value[next_state]))).sum(1))
+    value = policy_value(env, probs, GAMMA)
     estimates = summary["cpe"]["sequential"]
     values = [e["value"] for e in estimates.values()]
     assert min(values) <= value[0] <= max(values)

@@ -9,9 +9,9 @@ Episodes are truncated after ``max_steps`` steps (default 50).
 Observations are one-hot vectors of the cell (``float32``, length ``rows * cols``);
 actions are ``0..3`` for ``L R U D`` (names in :attr:`Gridworld.ACTION_NAMES`).
 
-Because the model is known, :meth:`Gridworld.transition_table` and
-:func:`optimal_q` give the exact Q* by value iteration: the ground truth for
-offline-RL and CPE tests.
+Because the model is known, :meth:`Gridworld.transition_table`, :func:`optimal_q`
+(the exact Q* by value iteration) and :func:`policy_value` (the exact value of any
+stochastic policy) give the ground truth for offline-RL and CPE tests.
 """
 from __future__ import annotations
 
@@ -131,3 +131,21 @@ def optimal_q(env: Gridworld, gamma: float, tolerance: float = 1e-10) -> np.ndar
         q = updated
     logger.warning("value iteration did not converge to %g", tolerance)
     return q
+
+
+def policy_value(env: Gridworld, probs: np.ndarray, gamma: float,
+                 tolerance: float = 1e-10) -> np.ndarray:
+    """Exact V^pi[s] of the stochastic policy ``probs[s, a]`` (ignoring truncation):
+    the ground truth that off-policy estimates of ``probs`` are checked against."""
+    next_state, reward, terminal = env.transition_table()
+    if probs.shape != reward.shape:
+        raise ValueError(f"probs must have shape {reward.shape}, got {probs.shape}")
+    value = np.zeros(env.n_states)
+    for _ in range(10_000):
+        future = np.where(terminal[next_state], 0.0, value[next_state])
+        updated = np.where(terminal, 0.0, (probs * (reward + gamma * future)).sum(axis=1))
+        if np.max(np.abs(updated - value)) < tolerance:
+            return updated
+        value = updated
+    logger.warning("policy evaluation did not converge to %g", tolerance)
+    return value
