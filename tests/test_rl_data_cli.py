@@ -9,7 +9,8 @@ import pytest
 pytest.importorskip("gymnasium")
 pa = pytest.importorskip("pyarrow")
 
-from rl.data.cli import main, register_workflow  # noqa: E402
+from rl.cli import run as main  # noqa: E402  (python -m rl)
+from rl.data.cli import register_workflow  # noqa: E402
 from rl.data.generate import logged_rows  # noqa: E402
 from rl.data.sharding import run_timeline  # noqa: E402
 from rl.data.transitions import read_transitions  # noqa: E402

@@ -15,7 +15,7 @@ import argparse
 import json
 import logging
 import sys
-from typing import Dict, List, Optional
+from typing import Dict
 
 from .schema import FORMATS, LoggedDataError
 
@@ -217,21 +217,3 @@ def run_train(args: argparse.Namespace) -> int:
     parts.append("exported " + ", ".join(summary["exported"].values()))
     sys.stdout.write("; ".join(parts) + "\n")
     return 0
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    """Run ``workflow ...`` as a standalone program (for tests and scripts)."""
-    parser = argparse.ArgumentParser(prog="rl", description="fiberrl RL data pipeline")
-    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
-    register_workflow(parser.add_subparsers(dest="command", metavar="COMMAND"))
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper())
-    func = getattr(args, "func", None)
-    if func is None:
-        parser.print_help()
-        return 2
-    return int(func(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

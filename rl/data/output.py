@@ -1,7 +1,7 @@
 """Output that never looks complete before it is.
 
 A Timeline output directory is written under a hidden temporary name next to its
-final place (``.NAME.tmp-XXXX``), with the workers' scratch files inside it. When
+final place (``.NAME.tmp-<random suffix>``), with the workers' scratch files inside it. When
 every shard is written, the scratch files are removed, the metadata file
 ``_SUCCESS`` (JSON) is written last, and the directory is renamed into place in one
 step. On any failure the temporary directory is removed, so a directory named
