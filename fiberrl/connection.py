@@ -2,29 +2,32 @@
 
 Data flow::
 
-    end A (process P)                                   end B (process C)
-    PUSH ------------------- direct, ordered -------------> PULL inbox
-    PULL inbox <------------ direct, ordered --------------- PUSH
+    end A (process P)                                      end B (process C)
+    Outbox ----- stream (Unix socket on one host, TCP) -----> Inbox
+    Inbox  <---------------------- stream -------------------- Outbox
             \\___ rendezvous: "pipe" service on the hub of the creating process ___/
                  (where does each end live? mailbox for messages sent before it knew)
 
 An end becomes *active* in a process when it is first used there, or at once when it
-is unpickled in another process: it binds a PULL inbox on this host and registers the
-inbox's address with the creator's hub, receiving any messages that were left in its
-mailbox. A sender whose peer is not active yet leaves messages in the peer's mailbox
-(the hub answers "stored" or "the peer is now at X"), so order is kept: mailbox
-messages are handed over at registration, before any direct message can arrive.
+is unpickled in another process: it opens an :class:`~fiberrl.pipe_inbox.Inbox` behind
+this process's acceptor and registers the acceptor's addresses with the creator's
+hub, receiving any messages that were left in its mailbox. A sender whose peer is not
+active yet leaves messages in the peer's mailbox (the hub answers "stored" or "the
+peer is now at X"), so order is kept: mailbox messages are handed over at
+registration, before any direct message can arrive. The streams themselves, their
+set-up and their authentication are described in :mod:`fiberrl.pipe_wire`; the
+rendezvous and the mailbox go over the hub's ZeroMQ sockets.
 
-Two ends in one process talk over ``inproc://`` (a message sent is at once
-readable); ends in different processes over TCP.
+Two ends in one process hand messages over in memory (a message sent is at once
+readable, and sending never blocks on a reader that is the sender's own thread).
 
 End of file, as with file descriptors, comes when the *last* copy of the other end
 is closed: a closing copy hands its unread messages back to the rendezvous (so a
 copy that peeked with ``poll`` loses nothing) and learns how many copies remain; the
 last one sends the close marker. A copy that was sent to another process and never
-used here does not count. A peer whose process dies is noticed through its inbox
-connection dropping; the rendezvous then confirms the job is gone, and ``recv``
-raises ``EOFError`` instead of hanging.
+used here does not count. A peer whose process dies is noticed through its streams
+ending; the rendezvous then confirms the job is gone, and ``recv`` raises
+``EOFError`` instead of hanging (``send`` raises ``BrokenPipeError``).
 
 Sending an end that is active here to another process hands it over: unread
 messages go back to the rendezvous and the arriving copy receives what is sent next.
@@ -43,15 +46,17 @@ import weakref
 from multiprocessing import BufferTooShort
 from typing import Any, Deque, List, Optional, Tuple
 
-import zmq
-
 from . import reduction, transport
+from .pipe_inbox import Inbox, acceptor
+from .pipe_wire import LocalOutbox, Outbox
 from .rendezvous import pipe_registry
 
 logger = logging.getLogger(__name__)
 
-_OBJECT, _BYTES, _CLOSE = "o", "b", "c"
+_OBJECT, _BYTES, _CLOSE = b"o", b"b", b"c"
 _LOOKUP_INTERVAL = 0.2
+_SIGNED_BYTES = 1 << 16   # send_bytes payloads below this are covered by the MAC
+_SEND_ATTEMPTS = 3
 
 
 _live: "weakref.WeakSet[Connection]" = weakref.WeakSet()
@@ -98,15 +103,13 @@ class Connection:
         self._shipped = False
         self._pid: Optional[int] = None  # process in which this end is active
         self._dormant_pid: Optional[int] = None  # process that handed it on, still holding it
-        self._inbox: Optional[zmq.Socket] = None
-        self._outbox: Optional[zmq.Socket] = None
-        self._monitor: Optional[zmq.Socket] = None
+        self._inbox: Optional[Inbox] = None
+        self._outbox: Any = None   # Outbox or LocalOutbox
         self._peer_loc: Optional[dict] = None
         self._peer_gone = False
         self._suspect = False
         self._eof = False
-        self._pending: Deque[Tuple[str, List[Any]]] = collections.deque()
-        self._poller: Optional[zmq.Poller] = None
+        self._pending: Deque[Tuple[bytes, List[Any]]] = collections.deque()
         self._last_lookup = 0.0
 
     # -- pickling: an end sent to another process becomes active there -------------
@@ -127,22 +130,21 @@ class Connection:
     def _activate(self, arrived: bool = False) -> None:
         if self._pid == os.getpid():
             return
-        ctx = transport.context()
-        inbox = ctx.socket(zmq.PULL)
-        inbox.setsockopt(zmq.LINGER, 0)
-        from .backends import default_backend
         from .popen import current_job_token
-        loc = {"tcp": transport.bind_random(inbox, default_backend().listen_host()),
-               "inproc": f"inproc://fiberrl-pipe-{self._pipe_id}-{self._end}-{secrets.token_hex(4)}",
-               "proc": _process_id()}
-        inbox.bind(loc["inproc"])
-        client = transport.client_for(self._registry)
-        (kinds, counts, peer), body = client.call("pipe", "register", self._pipe_id, self._end,
-                                                  loc, loc["proc"], current_job_token(), arrived)
+        streams = acceptor()
+        inbox = Inbox()
+        streams.add(self._pipe_id, self._end, inbox)  # streams may arrive once registered
+        loc = dict(streams.location, proc=_process_id())
+        try:
+            (kinds, counts, peer), body = transport.client_for(self._registry).call(
+                "pipe", "register", self._pipe_id, self._end, loc, loc["proc"],
+                current_job_token(), arrived)
+        except BaseException:
+            streams.remove(self._pipe_id, self._end, inbox)
+            inbox.close()
+            raise
         self._inbox, self._pid = inbox, os.getpid()
-        self._outbox = self._monitor = self._peer_loc = None
-        self._poller = zmq.Poller()
-        self._poller.register(inbox, zmq.POLLIN)
+        self._outbox = self._peer_loc = None
         position = 0
         for kind, count in zip(kinds, counts):
             self._pending.append((kind, body[position:position + count]))
@@ -151,37 +153,50 @@ class Connection:
             self._connect(peer)
         _live.add(self)
 
-    def _disconnect(self) -> None:
-        if self._monitor is not None:
-            self._poller.unregister(self._monitor)
-        if self._outbox is not None:
-            transport.close_monitored(self._outbox, self._monitor, 2000)
-        self._outbox = self._monitor = self._peer_loc = None
+    def _open_outbox(self, loc: dict) -> Any:
+        """A sender to the peer end at ``loc``; ``OSError`` if it is not there."""
+        peer_end = 1 - self._end
+        if loc["proc"] == _process_id():
+            inbox = acceptor().inbox(self._pipe_id, peer_end)
+            if inbox is None:
+                raise ConnectionRefusedError("the other end is no longer active in this process")
+            return LocalOutbox(inbox)
+        return Outbox.open(loc, self._pipe_id, peer_end)
 
-    def _connect(self, loc: dict) -> None:
+    def _connect(self, loc: dict) -> bool:
+        """Open a stream to the peer end at ``loc``; False (and suspicious) on failure."""
         self._disconnect()
-        outbox = transport.context().socket(zmq.PUSH)
-        transport.configure_peer_socket(outbox)
-        same_process = loc["proc"] == _process_id()
-        if same_process:
-            outbox.connect(loc["inproc"])  # same process: delivered at once
-        else:
-            self._monitor = transport.monitor_socket(outbox, zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-            self._poller.register(self._monitor, zmq.POLLIN)
-            outbox.connect(loc["tcp"])
-        # until the connection is confirmed, keep asking the rendezvous about the peer
-        self._outbox, self._peer_loc, self._suspect = outbox, loc, not same_process
+        self._peer_loc = loc
+        try:
+            outbox = self._open_outbox(loc)
+        except OSError as exc:
+            logger.debug("pipe %s: cannot reach the other end at %s: %s", self._pipe_id, loc, exc)
+            self._suspect = True
+            return False
+        self._outbox, self._suspect = outbox, False
+        self._inbox.watch(outbox.fileno())
+        return True
 
-    def _lookup_peer(self) -> None:
+    def _disconnect(self) -> None:
+        if self._outbox is not None:
+            if self._inbox is not None:
+                self._inbox.unwatch()
+            self._outbox.close()
+        self._outbox = None
+
+    def _lookup_peer(self, force: bool = False) -> None:
         """Find (or re-find) the other end; decide EOF if its last holder is gone."""
         now = time.monotonic()
-        if now - self._last_lookup < _LOOKUP_INTERVAL:
+        if not force and now - self._last_lookup < _LOOKUP_INTERVAL:
             return
         self._last_lookup = now
         (loc, holders), _ = transport.client_for(self._registry).call(
             "pipe", "lookup", self._pipe_id, 1 - self._end)
-        if loc is not None and loc != self._peer_loc:
-            self._connect(loc)
+        if loc is not None:
+            if loc != self._peer_loc or self._outbox is None:
+                self._connect(loc)
+            else:
+                self._suspect = False  # still where our live stream leads
         elif self._suspect and holders == 0:
             self._peer_gone = True
 
@@ -216,21 +231,41 @@ class Connection:
         return self._writable
 
     def fileno(self) -> int:
-        """A file descriptor that becomes readable when ZeroMQ has events for this end."""
+        """A descriptor that is readable while there is something to receive
+        (``multiprocessing.connection.wait`` works with it)."""
         self._check_open()
         self._activate()
-        return self._inbox.getsockopt(zmq.FD)
+        self._collect(0)
+        if self._pending:
+            self._inbox.wake()  # messages already read off the streams count too
+        return self._inbox.fileno()
 
     # -- sending ---------------------------------------------------------------------
-    def _send_frames(self, kind: str, frames: List[Any]) -> None:
+    def _send_frames(self, kind: bytes, frames: List[Any]) -> None:
         self._activate()
-        if self._outbox is None:
-            (answer, peer), _ = transport.client_for(self._registry).call(
-                "pipe", "mail", self._pipe_id, 1 - self._end, kind, body=frames)
-            if answer == "stored":
+        for _ in range(_SEND_ATTEMPTS):
+            if self._outbox is None:
+                (answer, peer), _ = transport.client_for(self._registry).call(
+                    "pipe", "mail", self._pipe_id, 1 - self._end, kind, body=frames)
+                if answer == "stored":
+                    return
+                if not self._connect(peer):
+                    self._check_peer_there()
+                    continue
+            try:
+                self._outbox.send(kind, frames)
                 return
-            self._connect(peer)
-        transport.send(self._outbox, (kind,), frames)
+            except OSError as exc:
+                logger.debug("pipe %s: stream to the other end broke: %s", self._pipe_id, exc)
+                self._disconnect()
+                self._suspect = True
+                self._check_peer_there()
+        raise BrokenPipeError(f"cannot reach the other end of {self!r}")
+
+    def _check_peer_there(self) -> None:
+        self._lookup_peer(force=True)
+        if self._peer_gone:
+            raise BrokenPipeError("the other end of the pipe is closed")
 
     def send(self, obj: Any) -> None:
         """Send a picklable object to the other end."""
@@ -240,6 +275,9 @@ class Connection:
     def send_bytes(self, buf: Any, offset: int = 0, size: Optional[int] = None) -> None:
         """Send bytes from a bytes-like object (optionally a slice ``[offset:offset+size]``)."""
         self._check_writable()
+        if type(buf) is bytes and offset == 0 and size is None:
+            self._send_frames(_BYTES, [buf] if len(buf) < _SIGNED_BYTES else [b"", buf])
+            return
         view = memoryview(buf)
         if view.itemsize > 1:
             view = view.cast("B")
@@ -254,7 +292,9 @@ class Connection:
             raise ValueError("size is negative")
         elif offset + size > n:
             raise ValueError("buffer length < offset + size")
-        self._send_frames(_BYTES, [bytes(view[offset:offset + size])])
+        data = bytes(view[offset:offset + size])
+        # small payloads travel as the signed frame; large ones unhashed (pipe_wire)
+        self._send_frames(_BYTES, [data] if size < _SIGNED_BYTES else [b"", data])
 
     # -- receiving -------------------------------------------------------------------
     def _wait(self, timeout: Optional[float]) -> bool:
@@ -264,33 +304,30 @@ class Connection:
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            try:
-                got = transport.recv(self._inbox, flags=zmq.NOBLOCK)
-            except zmq.Again:
-                got = False
-            if got:
-                header, body = got
-                self._pending.append((header[0], body))
-                return True
-            if got is None:
-                continue  # unauthenticated message dropped
-            if self._peer_gone:
-                self._eof = True
+            watching = self._peer_loc is None or self._suspect
+            slice_s = _LOOKUP_INTERVAL if watching else 1.0
+            if deadline is not None:
+                slice_s = min(slice_s, max(0.0, deadline - time.monotonic()))
+            self._collect(slice_s)
+            if self._pending:
                 return True
             if self._peer_loc is None or self._suspect:
                 self._lookup_peer()
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
+            if self._peer_gone:
+                self._eof = True
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
                 return False
-            slice_ms = 1000 * (_LOOKUP_INTERVAL if self._peer_loc is None or self._suspect else 1.0)
-            if remaining is not None:
-                slice_ms = min(slice_ms, remaining * 1000)
-            events = dict(self._poller.poll(slice_ms))
-            if self._monitor is not None and self._monitor in events:
-                # connected: the peer is there; dropped: ask whether any copy is left
-                self._suspect = transport.monitor_event(self._monitor) != zmq.EVENT_CONNECTED
 
-    def _next(self) -> Tuple[str, List[Any]]:
+    def _collect(self, timeout: float) -> None:
+        """Move what arrives within ``timeout`` s into the pending messages."""
+        dropped, broke = self._inbox.receive(self._pending, timeout)
+        if broke:
+            self._disconnect()
+        if dropped or broke:
+            self._suspect = True  # the peer may be gone: ask the rendezvous
+
+    def _next(self) -> Tuple[bytes, List[Any]]:
         self._wait(None)
         if self._pending:
             kind, body = self._pending.popleft()
@@ -320,7 +357,7 @@ class Connection:
         if maxlength is not None and maxlength < 0:
             raise ValueError("negative maxlength")
         kind, body = self._next()
-        data = bytes(body[0]) if body else b""
+        data = bytes(body[-1]) if body else b""
         if maxlength is not None and len(data) > maxlength:
             self.close()
             raise OSError("bad message length")
@@ -338,7 +375,7 @@ class Connection:
         if offset < 0 or offset > view.nbytes:
             raise ValueError("offset out of bounds")
         kind, body = self._next()
-        data = body[0] if body else b""
+        data = body[-1] if body else b""
         size = memoryview(data).nbytes
         if size > view.nbytes - offset:
             raise BufferTooShort(bytes(data))
@@ -361,20 +398,24 @@ class Connection:
             self._closed = True
             if self._pid == os.getpid():
                 self._disconnect()
-                self._inbox.close()
+                self._close_inbox()
             _live.discard(self)
-            self._inbox = self._poller = None
             self._pending.clear()
+
+    def _close_inbox(self) -> None:
+        if self._inbox is not None:
+            acceptor().remove(self._pipe_id, self._end, self._inbox)
+            self._inbox.close()
+            self._inbox = None
 
     def _hand_over(self) -> None:
         """This copy is being sent to another process: give up being the active copy
         here (unread messages go back to the rendezvous), so the copy that arrives
         there receives what is sent from now on. A peer end in this same process
-        is told at once; peers elsewhere notice when they next look the end up."""
+        is told at once; peers elsewhere notice when their stream to it ends."""
         self._release(keep=True)
         self._disconnect()
-        self._inbox.close()
-        self._inbox = self._poller = None
+        self._close_inbox()
         self._pid, self._dormant_pid = None, os.getpid()
         self._pending.clear()
         for other in list(_live):
@@ -387,13 +428,8 @@ class Connection:
 
         With ``keep`` this process still holds the end (it was handed on): no EOF.
         """
-        while self._pid == os.getpid():
-            try:
-                got = transport.recv(self._inbox, flags=zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            if got:
-                self._pending.append((got[0][0], got[1]))
+        if self._pid == os.getpid():
+            self._inbox.drain(self._pending)
         unread = list(self._pending)
         (remaining,), _ = transport.client_for(self._registry).call(
             "pipe", "release", self._pipe_id, self._end, _process_id(),
@@ -411,11 +447,11 @@ class Connection:
         (answer, loc), _ = client.call("pipe", "mail", self._pipe_id, 1 - self._end, _CLOSE,
                                        timeout=10.0)
         if answer == "peer":
-            sock = transport.context().socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 2000)
-            sock.connect(loc["tcp"])
-            transport.send(sock, (_CLOSE,))
-            sock.close()
+            outbox = self._open_outbox(loc)
+            try:
+                outbox.send(_CLOSE, [])
+            finally:
+                outbox.close()
 
     def __enter__(self) -> "Connection":
         return self
@@ -427,7 +463,7 @@ class Connection:
         if not getattr(self, "_closed", True) and self._pid == os.getpid():
             try:
                 self._disconnect()
-                self._inbox.close()
+                self._close_inbox()
             except Exception:
                 pass
 

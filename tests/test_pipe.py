@@ -143,3 +143,56 @@ def test_eof_only_after_every_copy_is_closed():
     writer.close()
     with pytest.raises(EOFError):
         reader.recv()
+
+
+def test_sending_to_a_killed_peer_raises_broken_pipe():
+    a, b = fiberrl.Pipe()
+    ready_r, ready_w = fiberrl.Pipe(duplex=False)
+    proc = fiberrl.Process(target=_hold, args=(b, ready_w))
+    proc.start()
+    assert ready_r.recv() == "up"
+    a.send("reaches the child")   # the stream to the child is open
+    proc.kill()
+    proc.join(10)
+    with pytest.raises(BrokenPipeError):
+        for _ in range(50):
+            a.send_bytes(b"x" * 1000)
+            time.sleep(0.05)
+
+
+def test_ends_in_one_process_never_block_each_other():
+    # a stdlib pipe would block the sender once the socket buffer is full
+    a, b = fiberrl.Pipe()
+    chunk = b"m" * (1 << 20)
+    for _ in range(32):
+        a.send_bytes(chunk)
+    assert all(b.recv_bytes() == chunk for _ in range(32))
+
+
+def _send_after(conn, delay):
+    time.sleep(delay)
+    conn.send("late")
+
+
+def test_fileno_is_a_pollable_descriptor():
+    from multiprocessing.connection import wait
+    a, b = fiberrl.Pipe()
+    proc = fiberrl.Process(target=_send_after, args=(b, 0.5))
+    proc.start()
+    assert wait([a], timeout=0.1) == []
+    assert wait([a], timeout=20) == [a]
+    assert a.recv() == "late"
+    proc.join(30)
+
+
+def test_fileno_counts_messages_already_read_off_the_stream():
+    from multiprocessing.connection import wait
+    a, b = fiberrl.Pipe()
+    b.send(1)
+    b.send(2)
+    assert a.poll(5)      # both arrive together; poll keeps them
+    assert wait([a], timeout=1) == [a]
+    assert a.recv() == 1
+    assert wait([a], timeout=1) == [a]
+    assert a.recv() == 2
+    assert wait([a], timeout=0.1) == []

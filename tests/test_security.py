@@ -1,6 +1,8 @@
 """No bytes from a peer without the run's secret are ever unpickled."""
 import os
 import pickle
+import socket
+import struct
 import time
 
 import psutil
@@ -30,10 +32,10 @@ def test_unauthenticated_pickles_are_dropped_everywhere(tmp_path):
     marker = str(tmp_path / "pwned")
     queue = fiberrl.Queue()
     a, b = fiberrl.Pipe()
-    a.send("activate")  # bind the pipe's inboxes too
+    a.send("activate")  # start the pipe acceptor too
     assert b.recv() == "activate"
     addresses = _listening_addresses()
-    assert len(addresses) >= 3  # the hub and two pipe inboxes
+    assert len(addresses) >= 2  # the hub and the pipe acceptor
 
     evil = pickle.dumps(_Evil(marker))
     shapes = [[evil], [b"\0" * 32, evil], [b"\0" * 32, evil, evil],
@@ -64,6 +66,61 @@ def test_unauthenticated_pickles_are_dropped_everywhere(tmp_path):
     proc.join(30)
     queue.put("ok")
     assert queue.get(timeout=5) == "ok"
+    assert not os.path.exists(marker), "an unauthenticated pickle was unpickled"
+
+
+def _raw_attempts(address, family, evil, pipe_id):
+    """Ways a peer without the secret could try to get bytes into a pipe stream.
+    Returns what the acceptor answered to each (it must never acknowledge)."""
+    def fresh():
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.settimeout(5)
+        sock.connect(address)
+        return sock
+
+    frame = struct.pack("!cIQ", b"o", 1, len(evil)) + evil + os.urandom(16)
+    answers = []
+    for attach in (f"{pipe_id}:0".encode(), f"{pipe_id}:1".encode(), b"x:0"):
+        sock = fresh()
+        nonce = sock.recv(16)
+        assert len(nonce) == 16
+        # a made-up proof for a real pipe end, then a message as a holder would send it
+        sock.sendall(os.urandom(16) + os.urandom(32) + bytes([len(attach)]) + attach + frame)
+        answers.append(sock.recv(1))
+        sock.close()
+    for payload in (evil, frame, b"\0" * 200 + evil):   # no set-up at all
+        sock = fresh()
+        sock.sendall(payload)
+        sock.close()
+    return answers
+
+
+def test_pipe_streams_ignore_peers_without_the_secret(tmp_path):
+    from fiberrl.pipe_inbox import current_acceptor
+    marker = str(tmp_path / "pwned")
+    evil = pickle.dumps(_Evil(marker))
+    a, b = fiberrl.Pipe()
+    proc = fiberrl.Process(target=_echo_once, args=(b,))
+    proc.start()   # b is now active in the child: its streams go through acceptors
+    a.send("first")
+    assert a.recv() == "first"
+    proc.join(30)
+
+    location = current_acceptor().location
+    host, _, port = location["tcp"].rpartition(":")
+    targets = [((host.strip("[]"), int(port)), socket.AF_INET)]
+    if location["unix"]:
+        targets.append((location["unix"], socket.AF_UNIX))
+    for address, family in targets:
+        assert _raw_attempts(address, family, evil, a._pipe_id) == [b"", b"", b""]
+    time.sleep(0.5)
+
+    c, d = fiberrl.Pipe()
+    proc = fiberrl.Process(target=_echo_once, args=(d,))
+    proc.start()
+    c.send({"still": "fine"})
+    assert c.recv() == {"still": "fine"}
+    proc.join(30)
     assert not os.path.exists(marker), "an unauthenticated pickle was unpickled"
 
 
