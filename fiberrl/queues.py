@@ -38,6 +38,10 @@ from .hub import Hub, Request, existing_service, service
 logger = logging.getLogger(__name__)
 
 _INFLIGHT_CHECK = 0.5
+#: A feeder batch ends at this many items or bytes; the rest goes in the next batch,
+#: so the owner starts handing items out while later ones are still on their way.
+_BATCH_ITEMS = 8192
+_BATCH_BYTES = 4 << 20
 
 
 class _Waiter:
@@ -65,6 +69,7 @@ class _Broker:
         self.items: Deque[List[Any]] = collections.deque()
         self.getters: Deque[_Waiter] = collections.deque()
         self.putters: Deque[tuple] = collections.deque()   # remote puts waiting for room
+        self.local_putters = 0                               # threads here waiting for room
         self.joiners: List[Request] = []
         self.unfinished = 0
         self.inflight: Dict[int, tuple] = {}
@@ -74,6 +79,19 @@ class _Broker:
     # -- called with the lock held -------------------------------------------------
     def full(self) -> bool:
         return 0 < self.maxsize <= len(self.items)
+
+    def wait_for_room(self, timeout: Optional[float]) -> None:
+        """Wait (in a local ``put``) until not full; raise ``queue.Full`` at timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.local_putters += 1
+        try:
+            while self.full():
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise _queue.Full
+                self.not_full.wait(remaining)
+        finally:
+            self.local_putters -= 1
 
     def add(self, frames: List[Any], front: bool = False) -> None:
         """Store an item or hand it to the first waiting getter."""
@@ -87,6 +105,16 @@ class _Broker:
             self.items.appendleft(frames)
         else:
             self.items.append(frames)
+
+    def add_many(self, items: List[List[Any]]) -> None:
+        """``add`` each of ``items`` in order (one producer's batch)."""
+        if self.getters:
+            for frames in items:
+                self.add(frames)
+            return
+        if self.joinable:
+            self.unfinished += len(items)
+        self.items.extend(items)
 
     def _deliver(self, waiter: _Waiter, frames: List[Any]) -> bool:
         if waiter.request is None:
@@ -119,7 +147,8 @@ class _Broker:
         if not self.items:
             return None
         frames = self.items.popleft()
-        self.not_full.notify()
+        if self.local_putters:
+            self.not_full.notify()
         while self.putters and not self.full():
             request, body = self.putters.popleft()
             if not request.answered:
@@ -189,11 +218,9 @@ class _QueueService:
                     self.hub.call_later(timeout, lambda: self._expire_put(broker, request))
 
     def op_put_many(self, broker: _Broker, request: Request) -> None:
-        counts, position = request.args[1], 0
+        items = _unpack_batch(request.body, request.args[1], request.args[2])
         with broker.lock:
-            for count in counts:
-                broker.add(list(request.body[position:position + count]))
-                position += count
+            broker.add_many(items)
         request.reply()
 
     def _expire_put(self, broker: _Broker, request: Request) -> None:
@@ -252,58 +279,104 @@ def _owning_broker(qid: str, hub_address: str) -> Optional[_Broker]:
     return queue_service.brokers.get(qid)
 
 
+def _pack_batch(batch: List[List[Any]]) -> tuple:
+    """Items' frames -> ``(sizes, buffer_counts, body)`` of one ``put_many`` message:
+    the pickle streams joined in the first frame, the one the transport signs in full,
+    then the out-of-band buffers as frames of their own, uncopied."""
+    sizes = [len(frames[0]) for frames in batch]
+    body: List[Any] = [b"".join([frames[0] for frames in batch])]
+    counts: Optional[List[int]] = None
+    if any(len(frames) > 1 for frames in batch):
+        counts = [len(frames) - 1 for frames in batch]
+        body.extend(buf for frames in batch for buf in frames[1:])
+    return sizes, counts, body
+
+
+def _unpack_batch(body: List[Any], sizes: List[int], counts: Optional[List[int]]) -> List[List[Any]]:
+    """The inverse of :func:`_pack_batch`: each item's frames (views, no copy)."""
+    stream, starts = memoryview(body[0]), itertools.accumulate(sizes, initial=0)
+    if counts is None:  # no out-of-band buffers (the common case)
+        return [[stream[start:start + size]] for start, size in zip(starts, sizes)]
+    buffers = iter(body[1:])
+    return [[stream[start:start + size], *itertools.islice(buffers, count)]
+            for start, size, count in zip(starts, sizes, counts)]
+
+
 class _Feeder:
     """Background thread that sends a remote process's puts in batches.
 
-    ``put`` only appends the pickled item and returns, as with the stdlib's feeder
-    thread; the feeder sends everything that piled up in one message and waits for
-    the broker's acknowledgement, so batches grow with load and other operations of
-    this process (``get``, ``qsize``, ``join``...) can wait for earlier puts first.
+    ``put`` appends the pickled item (no lock; it wakes the thread only if it sleeps).
+    The thread sends what piled up, up to ``_BATCH_ITEMS``/``_BATCH_BYTES``, in one
+    message and waits for the broker's acknowledgement, so batches grow with load and
+    this process's other operations (``get``, ``qsize``...) can wait for earlier puts.
     """
 
     def __init__(self, client: transport.HubClient, qid: str) -> None:
         self.client, self.qid, self.pid = client, qid, os.getpid()
         self.cancelled = False
-        self._pending: List[List[Any]] = []
-        self._cond = threading.Condition()
+        self._pending: Deque[List[Any]] = collections.deque()
+        self._wake = threading.Event()
+        self._sleeping = False
         self._busy = False
+        self._done = threading.Condition()  # notified after each batch
         self._error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._run, name="fiberrl-queue-feeder", daemon=True)
         self._thread.start()
 
     def put(self, frames: List[Any]) -> None:
-        with self._cond:
-            if self._error is not None:
-                raise self._error
-            self._pending.append([f if isinstance(f, bytes) else bytes(f) for f in frames])
-            self._cond.notify()
+        """Queue one item's frames for sending (buffers are copied now)."""
+        if self._error is not None:
+            raise self._error
+        if len(frames) > 1:  # the item must not change after put()
+            frames = [frames[0], *[bytes(f) for f in frames[1:]]]
+        self._pending.append(frames)
+        if self._sleeping:
+            self._wake.set()
 
     def flush(self, timeout: Optional[float] = None) -> bool:
         """Wait until every put so far was acknowledged by the broker."""
-        with self._cond:
-            done = self._cond.wait_for(lambda: not self._pending and not self._busy
+        with self._done:
+            done = self._done.wait_for(lambda: not self._pending and not self._busy
                                        or self._error is not None, timeout)
             if self._error is not None:
                 raise self._error
             return done
 
+    def _wait_for_items(self) -> None:
+        # _sleeping is set before the last look at _pending, and put() appends
+        # before it reads _sleeping: one of the two sees the other.
+        while not self._pending:
+            self._wake.clear()
+            self._sleeping = True
+            if not self._pending:
+                self._wake.wait()
+            self._sleeping = False
+
+    def _take_batch(self) -> List[List[Any]]:
+        pending, batch, size = self._pending, [], 0
+        while pending and len(batch) < _BATCH_ITEMS and size < _BATCH_BYTES:
+            frames = pending.popleft()
+            batch.append(frames)
+            size += len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
+        return batch
+
     def _run(self) -> None:
         while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._pending)
-                batch, self._pending, self._busy = self._pending, [], True
+            self._wait_for_items()
+            self._busy = True  # before items leave _pending: flush() must not miss them
+            batch = self._take_batch()
+            sizes, counts, body = _pack_batch(batch)
             try:
-                self.client.call("queue", "put_many", self.qid, [len(f) for f in batch],
-                                 body=[frame for frames in batch for frame in frames])
+                self.client.call("queue", "put_many", self.qid, sizes, counts, body=body)
             except BaseException as exc:  # the owner is gone: report it on the next call
                 logger.error("could not deliver %d queued item(s): %s", len(batch), exc)
-                with self._cond:
+                with self._done:
                     self._error, self._busy = exc, False
-                    self._cond.notify_all()
+                    self._done.notify_all()
                 return
-            with self._cond:
+            with self._done:
                 self._busy = False
-                self._cond.notify_all()
+                self._done.notify_all()
 
 
 _feeders: "weakref.WeakSet[_Feeder]" = weakref.WeakSet()
@@ -340,11 +413,29 @@ class Queue:
     def _setup(self) -> None:
         self._closed = False
         self._cancelled = False
-        self._client = None if self._broker() else transport.client_for(self._hub_address)
+        self._pid: Optional[int] = None  # the process _owner and _client were found for
+        self._owner: Optional[_Broker] = None
+        self._client: Optional[transport.HubClient] = None
         self._feeder_obj: Optional[_Feeder] = None
         self._feeder_lock = threading.Lock()
+        self._broker()
+
+    def _broker(self) -> Optional[_Broker]:
+        """The broker when this process owns the queue, else None (then ``_client`` is set)."""
+        pid = os.getpid()
+        if self._pid != pid:  # first use in this process
+            broker = getattr(self, "_broker_ref", None)
+            if broker is None or broker.hub.pid != pid:
+                broker = _owning_broker(self._qid, self._hub_address)
+            self._owner = broker
+            self._client = None if broker else transport.client_for(self._hub_address)
+            self._pid = pid
+        return self._owner
 
     def _feeder(self) -> "_Feeder":
+        feeder = self._feeder_obj
+        if feeder is not None and feeder.pid == self._pid:
+            return feeder
         with self._feeder_lock:
             if self._feeder_obj is None or self._feeder_obj.pid != os.getpid():
                 self._feeder_obj = _Feeder(self._client, self._qid)
@@ -356,12 +447,6 @@ class Queue:
         feeder = self._feeder_obj
         if feeder is not None and feeder.pid == os.getpid():
             feeder.flush()
-
-    def _broker(self) -> Optional[_Broker]:
-        broker = getattr(self, "_broker_ref", None)
-        if broker is not None and broker.hub.pid == os.getpid():
-            return broker
-        return _owning_broker(self._qid, self._hub_address)
 
     def __getstate__(self) -> dict:
         return {"_qid": self._qid, "_hub_address": self._hub_address, "_maxsize": self._maxsize}
@@ -399,18 +484,14 @@ class Queue:
 
     @staticmethod
     def _put_local(broker: _Broker, frames: List[Any], block: bool, timeout: Optional[float]) -> None:
+        if len(frames) > 1:  # copy views of the caller's buffers: the item must not change
+            frames = [frames[0], *[bytearray(f) for f in frames[1:]]]
         with broker.lock:
             if broker.full():
                 if not block:
                     raise _queue.Full
-                deadline = None if timeout is None else time.monotonic() + timeout
-                while broker.full():
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        raise _queue.Full
-                    broker.not_full.wait(remaining)
-            # copy views of the caller's buffers: the item must not change after put()
-            broker.add([bytearray(f) if i else f for i, f in enumerate(frames)])
+                broker.wait_for_room(timeout)
+            broker.add(frames)
 
     def put_nowait(self, obj: Any) -> None:
         """``put(obj, False)``."""

@@ -30,7 +30,8 @@ Frames = List[Union[bytes, memoryview, pickle.PickleBuffer]]
 OUT_OF_BAND_MIN_BYTES = 64 * 1024
 
 _PLAIN_TYPES = frozenset((bytes, bytearray, str, int, float, bool, type(None), complex))
-
+#: pickled in-band whatever their size (bytearray is left out: pickle 5 can send it out of band)
+_SCALAR_TYPES = frozenset((bytes, str, int, float, bool, type(None), complex))
 
 
 def _is_plain_ndarray(obj: Any) -> bool:
@@ -73,6 +74,8 @@ def dumps(obj: Any) -> Frames:
         buffers.append(view)
         return False
 
+    if type(obj) in _SCALAR_TYPES:  # the common small message: no buffers to keep out
+        return [pickle.dumps(obj, protocol=5)]
     if _is_plain(obj):
         stream = pickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
     else:
