@@ -2,16 +2,19 @@
 
 Data flow::
 
-    jobs / other processes --DEALER--> [ROUTER  hub thread] --> services by name
-                                              ^                   "spawn": job connect-back
-    threads of this process --call_soon()-----+                   "pipe":  Pipe rendezvous
-                                                                  "queue": queue brokers
+    jobs / other processes --DEALER--> [ROUTER   hub thread] --> services by name
+    their HubClients, later --stream--> [door       ^     ]      "hub":   where the door is
+    threads of this process --call_soon()-----------+            "spawn": job connect-back
+                                                                 "pipe":  Pipe rendezvous
+                                                                 "queue": queue brokers
 
 The hub binds a ROUTER socket on the backend's listen address the first time this
-process starts a job or creates a shared object. Every message is authenticated by
-:func:`fiberrl.transport.recv` before a service sees it. Services run on the hub
-thread and must not block; they answer now with :meth:`Request.reply` or keep the
-request and answer later (from another thread through :meth:`Hub.call_soon`).
+process starts a job or creates a shared object, and beside it a stream listener, the
+*door* (:mod:`fiberrl.hub_streams`), where clients move their calls because it is
+faster. Every message is authenticated (:func:`fiberrl.transport.recv`, or the
+stream's MAC) before a service sees it. Services run on the hub thread and must not
+block; they answer now with :meth:`Request.reply` or keep the request and answer
+later (from another thread through :meth:`Hub.call_soon`).
 Timers (:meth:`Hub.call_later`) run on the hub thread too.
 """
 from __future__ import annotations
@@ -28,6 +31,8 @@ from typing import Any, Callable, Dict, Optional, Sequence
 import zmq
 
 from . import transport
+from .hub_streams import StreamDoor
+from .transport import pack_body, unpack_body
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +40,13 @@ logger = logging.getLogger(__name__)
 class Request:
     """One authenticated request received by the hub; answer it at most once."""
 
-    __slots__ = ("hub", "identity", "req_id", "args", "body", "answered")
+    __slots__ = ("hub", "identity", "req_id", "args", "body", "answered", "channel")
 
-    def __init__(self, hub: "Hub", identity: bytes, req_id: int, args: tuple, body: list):
+    def __init__(self, hub: "Hub", identity: bytes, req_id: int, args: tuple, body: list,
+                 channel: Any = None) -> None:
         self.hub, self.identity, self.req_id = hub, identity, req_id
         self.args, self.body, self.answered = args, body, False
+        self.channel = channel  # the stream it came on, or None for ZeroMQ
 
     def reply(self, *values: Any, body: Sequence[Any] = ()) -> None:
         """Send a successful reply (hub thread only)."""
@@ -53,7 +60,11 @@ class Request:
         if self.answered or not self.req_id:
             return
         self.answered = True
-        transport.send(self.hub.router, (self.req_id, *values), body, identity=self.identity)
+        if self.channel is not None:
+            first, rest = pack_body(body)
+            self.hub.door.send(self.channel, (self.req_id, *values, first), rest)
+        else:
+            transport.send(self.hub.router, (self.req_id, *values), body, identity=self.identity)
 
 
 Service = Callable[[str, Request], None]
@@ -70,6 +81,7 @@ class Hub:
         self.router.setsockopt(zmq.SNDHWM, 0)
         self.router.setsockopt(zmq.RCVHWM, 0)
         self.address = transport.bind_random(self.router, host)
+        self.door = StreamDoor(host)
         self._wake_addr = f"inproc://fiberrl-hub-wake-{id(self)}"
         self._wake_recv = ctx.socket(zmq.PULL)
         self._wake_recv.bind(self._wake_addr)
@@ -83,6 +95,7 @@ class Hub:
         self.service_objects: Dict[str, Any] = {}  # see service()
         self._stopping = False
         self.pid = os.getpid()
+        self.register("hub", self._hub_service)
         self.thread = threading.Thread(target=self._run, name="fiberrl-hub", daemon=True)
         self.thread.start()
         logger.debug("hub listening on %s", self.address)
@@ -124,9 +137,22 @@ class Hub:
         except Exception:  # a bug in one service must not kill the hub
             logger.exception("fiberrl hub callback failed")
 
+    def _hub_service(self, op: str, request: Request) -> None:
+        if op == "streams":
+            request.reply(self.door.address)
+        else:
+            request.fail(ValueError(f"unknown hub op {op!r}"))
+
     def _dispatch(self, identity: bytes, header: tuple, body: list) -> None:
         service_name, op, req_id, *args = header
-        request = Request(self, identity, req_id, tuple(args), body)
+        self._route(service_name, op, Request(self, identity, req_id, tuple(args), body))
+
+    def _dispatch_stream(self, channel: Any, header: tuple, buffers: list) -> None:
+        service_name, op, req_id, args, first = header
+        self._route(service_name, op, Request(self, b"", req_id, tuple(args),
+                                              unpack_body(first, buffers), channel))
+
+    def _route(self, service_name: str, op: str, request: Request) -> None:
         service = self._services.get(service_name)
         if service is None:
             request.fail(LookupError(f"this hub has no service {service_name!r}"))
@@ -141,8 +167,10 @@ class Hub:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self._wake_recv, zmq.POLLIN)
+        self.door.register(poller)
         while not self._stopping:
             timeout = self._run_timers()
+            self.door.update_interest(poller)
             events = dict(poller.poll(None if timeout is None else timeout * 1000 + 1))
             if self._wake_recv in events:
                 while self._wake_recv.poll(0):
@@ -157,6 +185,7 @@ class Hub:
                         break
                     if got is not None:
                         self._dispatch(*got)
+            self.door.handle(events, poller, self._dispatch_stream)
 
     def stop(self) -> None:
         """Stop serving (used at interpreter exit)."""

@@ -31,6 +31,7 @@ import pickle
 import select
 import socket
 import struct
+import sys
 import threading
 import time
 from hashlib import sha256
@@ -48,6 +49,7 @@ _HELLO_BYTES = _NONCE_BYTES + _MAC_BYTES
 _READ_CHUNK = 1 << 18
 _MAX_BUFFERS = 1 << 20
 _IOV_MAX = 64   # pieces handed to one sendmsg call
+UNIX = "unix"   # Listener host meaning "a Unix socket"; addresses "unix:<name>"
 
 Message = Tuple[tuple, List[memoryview]]
 
@@ -140,7 +142,7 @@ class _Parser:
             offset = start + head_len
             buffers = []
             for length in lengths:
-                buffers.append(memoryview(bytes(view[offset:offset + length])))
+                buffers.append(memoryview(bytearray(view[offset:offset + length])))  # writable, as numpy users expect
                 offset += length
             view.release()
             pos += total
@@ -229,14 +231,22 @@ class Channel:
 
 
 class Listener:
-    """A listening TCP socket (any free port) whose connections become :class:`Channel` objects."""
+    """A listening socket whose connections become :class:`Channel` objects: TCP on
+    ``host`` (any free port), or, for ``host == "unix"``, a Unix socket with a fresh
+    abstract name (Linux; for peers on this host, and cheaper than TCP loopback)."""
 
     def __init__(self, host: str) -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.bind((host, 0))
-        port = self.sock.getsockname()[1]
-        self.address = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+        if host == UNIX:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            name = f"\0fiberrl-stream-{os.getpid()}-{os.urandom(6).hex()}"
+            self.sock.bind(name)
+            self.address = f"{UNIX}:{name}"
+        else:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            self.sock = socket.socket(family, socket.SOCK_STREAM)
+            self.sock.bind((host, 0))
+            port = self.sock.getsockname()[1]
+            self.address = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
         self.sock.listen(512)
         self.sock.setblocking(False)
 
@@ -259,6 +269,24 @@ class Listener:
         self.sock.close()
 
 
+def _open(address: str, timeout: float) -> socket.socket:
+    if address.startswith(UNIX + ":"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(address[len(UNIX) + 1:])
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    return socket.create_connection(_split_address(address), timeout=timeout)
+
+
+def unix_supported() -> bool:
+    """Whether this platform has abstract Unix socket names (Linux)."""
+    return hasattr(socket, "AF_UNIX") and sys.platform.startswith("linux")
+
+
 def _split_address(address: str) -> Tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
@@ -267,11 +295,12 @@ def _split_address(address: str) -> Tuple[str, int]:
 class StreamConnection:
     """The blocking, connecting end of a stream (a pool worker's link to its master).
 
+    ``address`` is ``"host:port"`` (TCP) or ``"unix:<name>"`` (a :class:`Listener`'s).
     ``send`` may be called from several threads; ``recv`` from one.
     """
 
     def __init__(self, address: str, timeout: float = 30.0) -> None:
-        self.sock = socket.create_connection(_split_address(address), timeout=timeout)
+        self.sock = _open(address, timeout)
         _tune(self.sock)
         nonce_a = self._recv_exact(_NONCE_BYTES, time.monotonic() + timeout)
         nonce_c = os.urandom(_NONCE_BYTES)
