@@ -69,6 +69,10 @@ def test_unauthenticated_pickles_are_dropped_everywhere(tmp_path):
     assert not os.path.exists(marker), "an unauthenticated pickle was unpickled"
 
 
+def _put_one(queue):
+    queue.put("from the child")
+
+
 def _raw_attempts(address, family, evil, pipe_id):
     """Ways a peer without the secret could try to get bytes into a pipe stream.
     Returns what the acceptor answered to each (it must never acknowledge)."""
@@ -95,7 +99,7 @@ def _raw_attempts(address, family, evil, pipe_id):
     return answers
 
 
-def test_pipe_streams_ignore_peers_without_the_secret(tmp_path):
+def test_streams_ignore_peers_without_the_secret(tmp_path):
     from fiberrl.pipe_inbox import current_acceptor
     marker = str(tmp_path / "pwned")
     evil = pickle.dumps(_Evil(marker))
@@ -106,11 +110,13 @@ def test_pipe_streams_ignore_peers_without_the_secret(tmp_path):
     assert a.recv() == "first"
     proc.join(30)
 
-    location = current_acceptor().location
-    host, _, port = location["tcp"].rpartition(":")
-    targets = [((host.strip("[]"), int(port)), socket.AF_INET)]
-    if location["unix"]:
-        targets.append((location["unix"], socket.AF_UNIX))
+    from fiberrl.hub import get_hub
+    targets = []
+    for location in (current_acceptor().location, get_hub().door.address):  # pipes, hub
+        host, _, port = location["tcp"].rpartition(":")
+        targets.append(((host.strip("[]"), int(port)), socket.AF_INET))
+        if location["unix"]:
+            targets.append((location["unix"].removeprefix("unix:"), socket.AF_UNIX))
     for address, family in targets:
         assert _raw_attempts(address, family, evil, a._pipe_id) == [b"", b"", b""]
     time.sleep(0.5)
@@ -121,6 +127,12 @@ def test_pipe_streams_ignore_peers_without_the_secret(tmp_path):
     c.send({"still": "fine"})
     assert c.recv() == {"still": "fine"}
     proc.join(30)
+    queue = fiberrl.Queue()
+    proc = fiberrl.Process(target=_put_one, args=(queue,))   # hub calls over the door
+    proc.start()
+    assert queue.get(timeout=30) == "from the child"
+    proc.join(30)
+    assert proc.exitcode == 0
     assert not os.path.exists(marker), "an unauthenticated pickle was unpickled"
 
 
