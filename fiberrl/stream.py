@@ -49,6 +49,7 @@ _HELLO_BYTES = _NONCE_BYTES + _MAC_BYTES
 _READ_CHUNK = 1 << 18
 _MAX_BUFFERS = 1 << 20
 _IOV_MAX = 64   # pieces handed to one sendmsg call
+_BIG_MESSAGE = 1 << 20   # received straight into its own buffer
 UNIX = "unix"   # Listener host meaning "a Unix socket"; addresses "unix:<name>"
 
 Message = Tuple[tuple, List[memoryview]]
@@ -109,12 +110,36 @@ class _Parser:
     def __init__(self, key: bytes) -> None:
         self._key = key
         self._buf = bytearray()
+        self._big: Optional[list] = None   # [header, lengths, body, view, filled]
 
     def feed(self, data: bytes) -> None:
         self._buf += data
 
+    def receive(self, sock: socket.socket, scratch: "_Scratch") -> int:
+        """Read from ``sock`` (straight into a large message's own buffer while one is
+        arriving); returns the bytes read, 0 when the peer closed the stream."""
+        big = self._big
+        if big is None:
+            data = scratch.recv(sock)
+            self._buf += data
+            return len(data)
+        n = sock.recv_into(big[3][big[4]:])
+        big[4] += n
+        return n
+
     def messages(self) -> Iterator[Message]:
         """Yield every complete message in the buffer; raise on a forged one."""
+        big = self._big
+        if big is not None:
+            if big[4] < len(big[2]):
+                return
+            self._big = None
+            header, lengths, view, offset = big[0], big[1], big[3], 0
+            buffers = []
+            for length in lengths:
+                buffers.append(view[offset:offset + length])
+                offset += length
+            yield header, buffers
         buf = self._buf
         pos = 0
         while True:
@@ -130,25 +155,44 @@ class _Parser:
                        for i in range(count)]
             total = meta + _MAC_BYTES + head_len + sum(lengths)
             if len(buf) - pos < total:
+                if total >= _BIG_MESSAGE and len(buf) - pos >= meta + _MAC_BYTES + head_len:
+                    self._start_big(pos, meta, head_len, lengths)
+                    pos = len(buf)
                 break
             view = memoryview(buf)
-            mac = hmac.new(self._key, view[pos:pos + meta], sha256)
+            header = self._verified_header(view, pos, meta, head_len)
             start = pos + meta + _MAC_BYTES
-            mac.update(view[start:start + head_len])
-            if not hmac.compare_digest(mac.digest(), bytes(view[pos + meta:start])):
-                view.release()
-                raise ConnectionError("message failed authentication")
-            header = pickle.loads(view[start:start + head_len])
             offset = start + head_len
             buffers = []
-            for length in lengths:
-                buffers.append(memoryview(bytearray(view[offset:offset + length])))  # writable, as numpy users expect
+            for length in lengths:  # writable copies, as numpy users expect
+                buffers.append(memoryview(bytearray(view[offset:offset + length])))
                 offset += length
             view.release()
             pos += total
             yield header, buffers
         if pos:
             del buf[:pos]
+
+    def _verified_header(self, view: memoryview, pos: int, meta: int, head_len: int) -> tuple:
+        start = pos + meta + _MAC_BYTES
+        mac = hmac.new(self._key, view[pos:pos + meta], sha256)
+        mac.update(view[start:start + head_len])
+        if not hmac.compare_digest(mac.digest(), bytes(view[pos + meta:start])):
+            view.release()
+            raise ConnectionError("message failed authentication")
+        return pickle.loads(view[start:start + head_len])
+
+    def _start_big(self, pos: int, meta: int, head_len: int, lengths: List[int]) -> None:
+        """A large message whose header is here: check it now, then receive the
+        buffers straight into one writable buffer of their size (no re-copying)."""
+        view = memoryview(self._buf)
+        header = self._verified_header(view, pos, meta, head_len)
+        start = pos + meta + _MAC_BYTES + head_len
+        body = bytearray(sum(lengths))
+        have = len(self._buf) - start
+        body[:have] = view[start:]
+        view.release()
+        self._big = [header, lengths, body, memoryview(body), have]
 
 
 class Channel:
@@ -183,6 +227,10 @@ class Channel:
 
     def on_readable(self) -> List[Message]:
         try:
+            if self.authenticated:
+                if not self._parser.receive(self.sock, self._scratch):
+                    raise ConnectionError("peer closed the connection")
+                return list(self._parser.messages())
             data = self._scratch.recv(self.sock)
         except (BlockingIOError, InterruptedError):
             return []
@@ -342,12 +390,11 @@ class StreamConnection:
                 if not ready:
                     return None
             try:
-                data = self._scratch.recv(self.sock)
+                got = self._parser.receive(self.sock, self._scratch)
             except OSError as exc:
                 raise EOFError(str(exc)) from None
-            if not data:
-                raise EOFError("the pool closed the connection")
-            self._parser.feed(data)
+            if not got:
+                raise EOFError("the other side closed the connection")
             self._pending.extend(self._parser.messages())
         return self._pending.pop(0)
 

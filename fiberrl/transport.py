@@ -237,6 +237,14 @@ class RemoteCallError(Exception):
 
 
 _call_ids = itertools.count(1)
+#: Calls carrying more than this go over ZeroMQ, which moves large frames without
+#: copying them; small ones over the hub's stream door, which answers sooner. (A
+#: thread's calls wait for their replies, so switching between the two keeps order.)
+STREAM_CALL_MAX_BYTES = 1 << 20
+
+
+def _body_bytes(body: Sequence[Any]) -> int:
+    return sum(len(f) if isinstance(f, bytes) else memoryview(f).nbytes for f in body)
 
 
 def pack_body(body: Sequence[Any]) -> tuple:
@@ -357,7 +365,7 @@ class HubClient:
         Raises :class:`TimeoutError` after ``timeout`` seconds (``None``: wait while the
         hub is reachable) and :class:`HubUnreachable` if the hub goes away.
         """
-        conn = self._stream()
+        conn = None if _body_bytes(body) > STREAM_CALL_MAX_BYTES else self._stream()
         if conn is None:
             return self._call_zmq(service, op, args, body, timeout)
         return self._call_stream(conn, service, op, args, body, timeout)
