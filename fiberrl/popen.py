@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import pickle
@@ -38,6 +39,7 @@ from .hub import Hub, Request, existing_service, service
 logger = logging.getLogger(__name__)
 
 HUB_ENV = "FIBERRL_HUB"
+DOOR_ENV = "FIBERRL_HUB_DOOR"   # the parent hub's stream door (the job calls there at once)
 TOKEN_ENV = "FIBERRL_TOKEN"
 JOB_ENV = "FIBERRL_JOB_NAME"
 SENTINEL_ENV = "FIBERRL_SENTINEL_FD"
@@ -166,8 +168,8 @@ class Popen:
                 "log_level": cfg.log_level, "name": process_obj.name}
         token = secrets.token_hex(12)
         read_fd, write_fd = os.pipe()
-        env = {HUB_ENV: service.hub.address, TOKEN_ENV: token, JOB_ENV: process_obj.name,
-               RUN_ENV: run_id(),
+        env = {HUB_ENV: service.hub.address, DOOR_ENV: json.dumps(service.hub.door.address),
+               TOKEN_ENV: token, JOB_ENV: process_obj.name, RUN_ENV: run_id(),
                INHERITED_ENV: _inherited_config(cfg, backend), **transport.secret_env()}
         if backend.shares_host:
             env[SENTINEL_ENV] = str(write_fd)

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -21,7 +22,7 @@ import zmq
 
 from . import log, popen, reduction, transport
 from .config import get_config
-from .popen import HUB_ENV, JOB_ENV, SENTINEL_ENV, TOKEN_ENV
+from .popen import DOOR_ENV, HUB_ENV, JOB_ENV, SENTINEL_ENV, TOKEN_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,21 @@ def _watch_loop(monitor, address: str, grace: float, sentinel_write: int, stop_f
             os._exit(1)
 
 
+def _finish_shared_objects() -> None:
+    """Deliver pending queue items, close pipes, stop the hub: only for what this job
+    used (importing those modules just to find nothing would slow every job's exit)."""
+    queues, connection, hub = (sys.modules.get(f"fiberrl.{name}")
+                               for name in ("queues", "connection", "hub"))
+    if queues is not None:
+        queues.flush_all()
+    if connection is not None:
+        connection.close_all()
+    running_hub = hub.current_hub() if hub is not None else None
+    if running_hub is not None:
+        running_hub.stop()
+        running_hub.thread.join(2.0)
+
+
 def main() -> int:
     """Run the job described by the environment; return its exit code."""
     address, token = os.environ[HUB_ENV], os.environ[TOKEN_ENV]
@@ -83,7 +99,10 @@ def main() -> int:
     cfg = get_config()
     log.configure_worker(cfg.log_level, os.environ.get(JOB_ENV, "job"))
 
-    client = transport.HubClient(address, grace=cfg.start_timeout)
+    client = transport.client_for(address)
+    door = os.environ.get(DOOR_ENV)
+    if door:
+        client.know_door(json.loads(door))
     (prep,), body = client.call("spawn", "hello", token, os.getpid(), socket.gethostname(),
                                 timeout=cfg.start_timeout)
     for entry in reversed(prep["sys_path"]):
@@ -104,15 +123,9 @@ def main() -> int:
     exitcode = process_obj._bootstrap(parent_sentinel=parent_r)
     try:
         client.cast("spawn", "exit", token, exitcode)
-    except zmq.ZMQError:
-        pass
-    from . import connection, hub, queues
-    queues.flush_all()
-    connection.close_all()
-    running_hub = hub.current_hub()
-    if running_hub is not None:
-        running_hub.stop()
-        running_hub.thread.join(2.0)
+    except (zmq.ZMQError, ConnectionError):
+        pass  # the parent is gone; the backend reports the exit code instead
+    _finish_shared_objects()
     os.write(stop_w, b"x")
     watcher.join(1.0)
     transport.flush_and_close()
