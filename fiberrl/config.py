@@ -25,11 +25,6 @@ from typing import Any, Dict, Mapping, Optional
 
 from .errors import ConfigError
 
-if sys.version_info >= (3, 11):
-    import tomllib as _toml
-else:  # pragma: no cover - exercised on Python < 3.11 only
-    import tomli as _toml
-
 ENV_PREFIX = "FIBERRL_"
 INHERITED_ENV = "FIBERRL_INHERITED_CONFIG"
 CONFIG_FILE_ENV = "FIBERRL_CONFIG"
@@ -119,6 +114,10 @@ def _from_file() -> Dict[str, Any]:
         DEFAULT_CONFIG_FILE if os.path.exists(DEFAULT_CONFIG_FILE) else None)
     if not path:
         return {}
+    if sys.version_info >= (3, 11):  # imported here: most processes have no config file
+        import tomllib as _toml
+    else:  # pragma: no cover - exercised on Python < 3.11 only
+        import tomli as _toml
     try:
         with open(path, "rb") as fh:
             data = _toml.load(fh)

@@ -28,33 +28,23 @@ import weakref
 from multiprocessing import context as _mp_context
 from multiprocessing import util as _mp_util
 from multiprocessing.connection import wait as _wait_fds
-from typing import Dict, Iterator, Optional
+from typing import TYPE_CHECKING, Dict, Iterator, Optional
 
 from . import reduction, transport
 from .backends import JobSpec, JobState, default_backend
 from .backends.base import RUN_ENV, run_id
 from .config import INHERITED_ENV, get_config
-from .hub import Hub, Request, existing_service, service
+from .jobenv import (DOOR_ENV, HUB_ENV, JOB_ENV, SENTINEL_ENV, TOKEN_ENV,  # noqa: F401
+                     current_job_token)
+
+if TYPE_CHECKING:
+    from .hub import Hub, Request
 
 logger = logging.getLogger(__name__)
 
-HUB_ENV = "FIBERRL_HUB"
-DOOR_ENV = "FIBERRL_HUB_DOOR"   # the parent hub's stream door (the job calls there at once)
-TOKEN_ENV = "FIBERRL_TOKEN"
-JOB_ENV = "FIBERRL_JOB_NAME"
-SENTINEL_ENV = "FIBERRL_SENTINEL_FD"
-
-
-_current_token: Optional[str] = None
-
-
-def current_job_token() -> Optional[str]:
-    """The one-time token this job was started with (None in a root process)."""
-    return _current_token
-
-
 def dead_job_tokens(tokens) -> set:
     """Those of ``tokens`` whose jobs this process started and which have ended."""
+    from .hub import existing_service
     service = existing_service("spawn")
     if service is None:
         return set()
@@ -96,6 +86,7 @@ class _SpawnService:
 
 
 def _spawn_service() -> _SpawnService:
+    from .hub import service
     return service("spawn", _SpawnService)
 
 

@@ -16,61 +16,13 @@ import os
 import socket
 import sys
 import threading
-import time
 
-import zmq
-
-from . import log, popen, reduction, transport
+from . import jobenv, log, reduction, transport
 from .config import get_config
-from .popen import DOOR_ENV, HUB_ENV, JOB_ENV, SENTINEL_ENV, TOKEN_ENV
+from .jobenv import DOOR_ENV, HUB_ENV, JOB_ENV, SENTINEL_ENV, TOKEN_ENV
+from .parent_watch import watch_over_stream, watch_over_zmq
 
 logger = logging.getLogger(__name__)
-
-
-def _watch_parent(address: str, grace: float, sentinel_write: int, stop_fd: int) -> None:
-    """Exit this job if the parent's hub stays unreachable for ``grace`` seconds.
-
-    Returns, closing its sockets, when ``stop_fd`` becomes readable: the job is
-    ending and is about to destroy the ZeroMQ context, which must not close a socket
-    this thread is polling (that can crash ZeroMQ).
-    """
-    sock = transport.context().socket(zmq.DEALER)
-    transport.configure_peer_socket(sock)
-    sock.setsockopt(zmq.LINGER, 0)
-    monitor = transport.monitor_socket(sock, zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-    sock.connect(address)
-    try:
-        _watch_loop(monitor, address, grace, sentinel_write, stop_fd)
-    except zmq.ZMQError:
-        return  # the job is ending: its sockets were closed under this thread
-    transport.close_monitored(sock, monitor, 0)
-
-
-def _watch_loop(monitor, address: str, grace: float, sentinel_write: int, stop_fd: int) -> None:
-    poller = zmq.Poller()
-    poller.register(monitor, zmq.POLLIN)
-    poller.register(stop_fd, zmq.POLLIN)
-    lost_since = None
-    while True:
-        remaining = None if lost_since is None else max(0.0, grace - (time.monotonic() - lost_since))
-        ready = dict(poller.poll(None if remaining is None else remaining * 1000))
-        if stop_fd in ready:
-            return
-        if monitor in ready:
-            event = transport.monitor_event(monitor)
-            if event == zmq.EVENT_CONNECTED:
-                lost_since = None
-            elif event == zmq.EVENT_DISCONNECTED and lost_since is None:
-                lost_since = time.monotonic()
-        elif lost_since is not None and time.monotonic() - lost_since >= grace:
-            # the parent is gone: parent_process().is_alive() turns False at once, and
-            # the job gets one more grace period to finish up before it exits
-            os.close(sentinel_write)
-            logger.error("parent process is gone (hub %s unreachable for %.1f s); "
-                         "exiting in %.1f s", address, grace, grace)
-            time.sleep(grace)
-            logging.shutdown()
-            os._exit(1)
 
 
 def _finish_shared_objects() -> None:
@@ -92,7 +44,7 @@ def main() -> int:
     """Run the job described by the environment; return its exit code."""
     address, token = os.environ[HUB_ENV], os.environ[TOKEN_ENV]
     transport.secret()  # read it before it leaves the environment
-    popen._current_token = token
+    jobenv.set_job_token(token)
     for name in (TOKEN_ENV, transport.SECRET_ENV):
         os.environ.pop(name, None)  # not inherited by grandchildren's user code
     inherited_sentinel = os.environ.pop(SENTINEL_ENV, None)
@@ -100,9 +52,9 @@ def main() -> int:
     log.configure_worker(cfg.log_level, os.environ.get(JOB_ENV, "job"))
 
     client = transport.client_for(address)
-    door = os.environ.get(DOOR_ENV)
+    door = json.loads(os.environ.get(DOOR_ENV) or "null")
     if door:
-        client.know_door(json.loads(door))
+        client.know_door(door)
     (prep,), body = client.call("spawn", "hello", token, os.getpid(), socket.gethostname(),
                                 timeout=cfg.start_timeout)
     for entry in reversed(prep["sys_path"]):
@@ -116,14 +68,14 @@ def main() -> int:
 
     parent_r, parent_w = os.pipe()
     stop_r, stop_w = os.pipe()
-    watcher = threading.Thread(target=_watch_parent,
-                               args=(address, cfg.parent_grace, parent_w, stop_r),
+    watch, where = (watch_over_stream, door) if door else (watch_over_zmq, address)
+    watcher = threading.Thread(target=watch, args=(where, cfg.parent_grace, parent_w, stop_r),
                                name="fiberrl-parent-watch", daemon=True)
     watcher.start()
     exitcode = process_obj._bootstrap(parent_sentinel=parent_r)
     try:
         client.cast("spawn", "exit", token, exitcode)
-    except (zmq.ZMQError, ConnectionError):
+    except Exception:  # zmq.ZMQError or ConnectionError: the parent is gone
         pass  # the parent is gone; the backend reports the exit code instead
     _finish_shared_objects()
     os.write(stop_w, b"x")

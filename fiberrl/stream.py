@@ -403,3 +403,8 @@ class StreamConnection:
             self.sock.close()
         except OSError:
             pass
+
+    def __del__(self) -> None:  # a thread's connection, dropped with its thread-local
+        sock = getattr(self, "sock", None)
+        if sock is not None:
+            self.close()

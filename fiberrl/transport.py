@@ -32,7 +32,18 @@ import weakref
 from hashlib import sha256
 from typing import Any, List, Optional, Sequence, Tuple
 
-import zmq
+
+class _LazyZmq:
+    """``zmq``, imported on first use: a job that never needs ZeroMQ (its calls go to
+    the parent's stream door) does not pay for importing it."""
+
+    def __getattr__(self, name: str) -> Any:
+        import zmq as module
+        globals()["zmq"] = module   # later uses in this module find the module itself
+        return getattr(module, name)
+
+
+zmq: Any = _LazyZmq()
 
 logger = logging.getLogger(__name__)
 
@@ -260,6 +271,21 @@ def unpack_body(first: Optional[bytes], rest: List[Any]) -> List[Any]:
     return rest if first is None else [memoryview(first), *rest]
 
 
+def connect_door(door: dict, timeout: float) -> Any:
+    """A :class:`~fiberrl.stream.StreamConnection` to a hub's door: its Unix socket
+    from the same host, else TCP; None if neither can be reached."""
+    from .stream import StreamConnection
+    addresses = [door["tcp"]]
+    if door.get("unix") and door.get("host") == local_hostname():
+        addresses.insert(0, door["unix"])  # fails from another network namespace
+    for address in addresses:
+        try:
+            return StreamConnection(address, timeout=timeout)
+        except OSError as exc:
+            logger.debug("no stream to hub door %s (%s)", address, exc)
+    return None
+
+
 class HubClient:
     """Request/reply client for one hub address, one connection per calling thread.
 
@@ -305,19 +331,8 @@ class HubClient:
         if getattr(local, "stream_pid", None) == os.getpid():
             return local.stream
         door = self._door_address()
-        local.stream_pid, local.stream = os.getpid(), None
-        if door is None:
-            return None
-        from .stream import StreamConnection
-        addresses = [door["tcp"]]
-        if door["unix"] and door["host"] == local_hostname():
-            addresses.insert(0, door["unix"])  # fails from another network namespace
-        for address in addresses:
-            try:
-                local.stream = StreamConnection(address, timeout=self.grace)
-                break
-            except OSError as exc:
-                logger.debug("hub %s: no stream to %s (%s)", self.address, address, exc)
+        local.stream_pid = os.getpid()
+        local.stream = None if door is None else connect_door(door, self.grace)
         return local.stream
 
     def _drop_stream(self) -> None:

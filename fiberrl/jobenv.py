@@ -1,0 +1,27 @@
+"""What a job learns from its environment, and the token it was started with.
+
+Kept apart from :mod:`fiberrl.popen` so that a job's start-up (``fiberrl.spawn``)
+imports nothing it does not use: every module a job imports is paid for by every job.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+HUB_ENV = "FIBERRL_HUB"
+DOOR_ENV = "FIBERRL_HUB_DOOR"   # the parent hub's stream door (the job calls there at once)
+TOKEN_ENV = "FIBERRL_TOKEN"
+JOB_ENV = "FIBERRL_JOB_NAME"
+SENTINEL_ENV = "FIBERRL_SENTINEL_FD"
+
+_current_token: Optional[str] = None
+
+
+def current_job_token() -> Optional[str]:
+    """The one-time token this job was started with (None in a root process)."""
+    return _current_token
+
+
+def set_job_token(token: str) -> None:
+    """Record this job's token (``fiberrl.spawn`` does, once)."""
+    global _current_token
+    _current_token = token
