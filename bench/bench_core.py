@@ -7,7 +7,11 @@ target is stated in. These are measurements, not tests: the machine is shared.
 """
 import argparse
 import multiprocessing
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -72,8 +76,42 @@ def start_join(lib, repeats):
     return statistics.median(samples) * 1e3
 
 
+# The stdlib's spawn re-imports the parent's main module in the child (here numpy and
+# fiberrl); fiberrl's job does not. A script that imports nothing heavy shows the other
+# side: what each child costs on its own.
+_BARE_SCRIPT = """
+import statistics, sys, time
+def noop():
+    pass
+if __name__ == "__main__":
+    if sys.argv[1] == "fiberrl":
+        import fiberrl as mp
+    else:
+        import multiprocessing
+        mp = multiprocessing.get_context("spawn")
+    samples = []
+    for _ in range(int(sys.argv[2])):
+        started = time.perf_counter()
+        proc = mp.Process(target=noop)
+        proc.start()
+        proc.join()
+        samples.append(time.perf_counter() - started)
+    print(statistics.median(samples) * 1e3)
+"""
+
+
+def start_join_bare(lib_name, repeats):
+    with tempfile.TemporaryDirectory() as tmp:
+        script = os.path.join(tmp, "bare.py")
+        with open(script, "w") as fh:
+            fh.write(_BARE_SCRIPT)
+        out = subprocess.run([sys.executable, script, lib_name, str(repeats)], cwd=tmp,
+                             capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[-1])
+
+
 def row(name, stdlib, ours, unit, ratio, target):
-    print(f"{name:<44} {stdlib:>11.1f} {ours:>11.1f} {unit:<6} ratio {ratio:5.2f}  ({target})")
+    print(f"{name:<50} {stdlib:>11.1f} {ours:>11.1f} {unit:<6} ratio {ratio:5.2f}  ({target})")
 
 
 def main():
@@ -82,7 +120,7 @@ def main():
     args = parser.parse_args()
     scale = 0.2 if args.quick else 1.0
     spawn = multiprocessing.get_context("spawn")
-    print(f"{'measure':<44} {'stdlib':>11} {'fiberrl':>11}")
+    print(f"{'measure':<50} {'stdlib':>11} {'fiberrl':>11}")
 
     std, ours = pipe_pingpong(spawn, int(5000 * scale)), pipe_pingpong(fiberrl, int(5000 * scale))
     row("Pipe ping-pong p50 latency", std, ours, "us", ours / std, "target: fiberrl/stdlib <= 3")
@@ -102,7 +140,10 @@ def main():
 
     repeats = max(5, int(20 * scale))
     std, ours = start_join(spawn, repeats), start_join(fiberrl, repeats)
-    row("Process start + join (p50)", std, ours, "ms", ours / std,
+    row("Process start + join (p50), main imports numpy", std, ours, "ms", ours / std,
+        "target: fiberrl/stdlib-spawn <= 1")
+    std, ours = start_join_bare("spawn", repeats), start_join_bare("fiberrl", repeats)
+    row("Process start + join (p50), bare main", std, ours, "ms", ours / std,
         "target: fiberrl/stdlib-spawn <= 1")
 
 
