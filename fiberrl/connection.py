@@ -130,7 +130,7 @@ class Connection:
     def _activate(self, arrived: bool = False) -> None:
         if self._pid == os.getpid():
             return
-        from .popen import current_job_token
+        from .jobenv import current_job_token
         streams = acceptor()
         inbox = Inbox()
         streams.add(self._pipe_id, self._end, inbox)  # streams may arrive once registered

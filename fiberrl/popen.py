@@ -34,8 +34,7 @@ from . import reduction, transport
 from .backends import JobSpec, JobState, default_backend
 from .backends.base import RUN_ENV, run_id
 from .config import INHERITED_ENV, get_config
-from .jobenv import (DOOR_ENV, HUB_ENV, JOB_ENV, SENTINEL_ENV, TOKEN_ENV,  # noqa: F401
-                     current_job_token)
+from .jobenv import DOOR_ENV, HUB_ENV, JOB_ENV, SENTINEL_ENV, TOKEN_ENV
 
 if TYPE_CHECKING:
     from .hub import Hub, Request

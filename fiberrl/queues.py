@@ -511,7 +511,7 @@ class Queue:
         broker = self._broker()
         if broker is not None:
             return reduction.loads(self._get_local(broker, block, timeout))
-        from .popen import current_job_token
+        from .jobenv import current_job_token
         self._flush()
         wait = None if (timeout is None or not block) else timeout + 10.0
         (flight,), body = self._client.call("queue", "get", self._qid, block, timeout,
