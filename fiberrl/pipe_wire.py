@@ -129,6 +129,20 @@ def _scratch_buffer() -> Tuple[bytearray, memoryview]:
     return pair
 
 
+def _receive(sock: socket.socket, into: Any) -> int:
+    """``recv_into`` on a non-blocking stream: 0 if nothing is there yet; ``EOFError``
+    when the stream ended or broke."""
+    try:
+        n = sock.recv_into(into)
+    except (BlockingIOError, InterruptedError):
+        return 0
+    except OSError as exc:
+        raise EOFError(str(exc)) from None
+    if not n:
+        raise EOFError("stream closed")
+    return n
+
+
 class FrameReader:
     """Reads signed messages from the receiving side of one stream (non-blocking)."""
 
@@ -146,14 +160,9 @@ class FrameReader:
         if self._big is not None:
             return self._read_big()
         scratch, view = _scratch_buffer()
-        try:
-            n = self.sock.recv_into(scratch)
-        except (BlockingIOError, InterruptedError):
-            return []
-        except OSError as exc:
-            raise EOFError(str(exc)) from None
+        n = _receive(self.sock, scratch)
         if not n:
-            raise EOFError("stream closed")
+            return []
         if self._buf:
             self._buf += view[:n]
             out, used = self._parse(self._buf, len(self._buf))
@@ -216,14 +225,9 @@ class FrameReader:
 
     def _read_big(self) -> List[Message]:
         kind, sizes, meta, body, view, filled = self._big
-        try:
-            n = self.sock.recv_into(view[filled:])
-        except (BlockingIOError, InterruptedError):
-            return []
-        except OSError as exc:
-            raise EOFError(str(exc)) from None
+        n = _receive(self.sock, view[filled:])
         if not n:
-            raise EOFError("stream closed")
+            return []
         self._big[5] = filled = filled + n
         if filled < len(body):
             return []
