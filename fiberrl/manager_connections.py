@@ -182,9 +182,7 @@ class ServerConnection(ManagedConnection):
             pass
 
     def _gone(self, exc: BaseException) -> ManagerConnectionError:
-        return ManagerConnectionError(
-            f"the manager server at {self.address!r} is gone ({type(exc).__name__}: {exc}); "
-            "its job exited, was shut down, or its host is unreachable")
+        return _server_gone(self.address, exc)
 
     def send(self, obj: Any) -> None:
         payload = self._encode(obj)  # encoding errors are the caller's, not the transport's
@@ -199,6 +197,14 @@ class ServerConnection(ManagedConnection):
         except (OSError, EOFError) as exc:
             raise self._gone(exc) from exc
         return self._decode(data)
+
+
+def _server_gone(address: Any, exc: BaseException, during: str = "") -> ManagerConnectionError:
+    """The error for a server at ``address`` that hung up (``exc``), ``during`` something."""
+    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return ManagerConnectionError(
+        f"the manager server at {address!r} is gone{during} ({detail}); "
+        "its job exited, was shut down, or its host is unreachable")
 
 
 _serving_connections: "weakref.WeakSet[ServerConnection]" = weakref.WeakSet()
@@ -275,11 +281,17 @@ def _authenticate(sock: socket.socket, address: Any, authkey: bytes, serializer:
         try:
             mp_connection.answer_challenge(raw, authkey)
             mp_connection.deliver_challenge(raw, authkey)
-        except (BlockingIOError, EOFError, ConnectionError) as exc:
+        except BlockingIOError as exc:  # SO_RCVTIMEO/SO_SNDTIMEO ran out: alive but silent
             raw.close()
             raise ManagerConnectionError(
                 f"the manager server at {address!r} did not complete the authentication "
-                f"handshake within {timeout:.0f} s: {exc}") from exc
+                f"handshake within {timeout:.0f} s (unresponsive or unreachable): {exc}") from exc
+        except (EOFError, OSError) as exc:
+            # It hung up before authenticating us: a server that dies leaves a connection
+            # it had not yet accepted (or had just accepted) reset or at end of file.
+            raw.close()
+            raise _server_gone(address, exc, ": it hung up during the authentication "
+                                             "handshake") from exc
         except BaseException:
             raw.close()
             raise

@@ -2,6 +2,8 @@
 shared by processes, a server killed mid-use, and unauthenticated clients."""
 import os
 import pickle
+import re
+import select
 import signal
 import socket
 import struct
@@ -12,6 +14,7 @@ import pytest
 
 import fiberrl
 from fiberrl.asyncproxy import AsyncManager, asynchronous, gather
+from fiberrl.manager_connections import local_name
 from fiberrl.managers import BaseManager, open_connection
 
 pytestmark = pytest.mark.timeout(180)
@@ -131,6 +134,47 @@ def test_server_killed_mid_use_raises_a_clear_error():
     assert time.monotonic() - started < 10
     manager.shutdown()
     manager.join(10)
+
+
+@pytest.mark.parametrize("family,how", [("same-host", "queued"), ("tcp", "queued"),
+                                         ("tcp", "accepted")])
+def test_a_server_dying_during_the_handshake_is_reported_gone(family, how):
+    """A server killed while a client connects: the client's connection was queued on a
+    listener that then closed (reset), or accepted and closed (end of file) before the
+    challenge. Either way the server is gone, not slow (seen on Slurm, where the client
+    reconnected while the killed server was still closing its sockets)."""
+    tcp = socket.create_server(("127.0.0.1", 0))
+    address = tcp.getsockname()
+    listener = tcp
+    if family == "same-host":
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(local_name(address))
+        listener.listen(8)
+    errors = []
+
+    def connect():
+        try:
+            open_connection(address, authkey=b"k" * 32, timeout=20).close()
+        except Exception as exc:
+            errors.append(exc)
+
+    client = threading.Thread(target=connect)
+    client.start()
+    try:
+        assert select.select([listener], [], [], 10)[0], "the client did not connect"
+        if how == "queued":
+            listener.close()
+        else:
+            listener.accept()[0].close()
+        client.join(15)
+    finally:
+        listener.close()
+        tcp.close()
+    assert not client.is_alive()
+    assert isinstance(errors[0], fiberrl.ManagerConnectionError), errors
+    assert isinstance(errors[0], EOFError)  # what stdlib code catches
+    # (a TCP reset can come before connect() returns: then it "cannot connect")
+    assert re.search("is gone|cannot connect", str(errors[0])), errors[0]
 
 
 def test_wrong_authkey_is_refused():
