@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import pickle
 import types
+from collections import ChainMap
 from typing import Any, List, Sequence, Union
 
 import cloudpickle
@@ -63,6 +64,36 @@ def _plain_within(obj: Any, budget: list) -> bool:
     return False
 
 
+_DYNAMIC_CODE = "<dynamic-code>"
+
+
+def _code_reduce_keeping_filename(code: types.CodeType) -> Any:
+    """cloudpickle's reduction of a code object, with its real file name put back.
+
+    cloudpickle 3.1.3 replaces the file name of code sent by value with
+    ``"<dynamic-code>"``; a job's traceback then names no file and shows no source
+    line, for every function from ``__main__`` or a notebook. Users read those
+    tracebacks, so fiberrl keeps the name (the payload is then not byte-identical
+    across machines, which fiberrl never relies on).
+    """
+    rebuild, args = cloudpickle.Pickler.dispatch_table[types.CodeType](code)
+    return rebuild, tuple(code.co_filename if type(arg) is str and arg == _DYNAMIC_CODE else arg
+                          for arg in args)
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, keeping the file names of code it sends by value."""
+
+    dispatch_table = ChainMap({types.CodeType: _code_reduce_keeping_filename},
+                              cloudpickle.Pickler.dispatch_table)
+
+
+def _cloudpickle(obj: Any, buffer_callback: Any = None) -> bytes:
+    sink = io.BytesIO()
+    _Pickler(sink, protocol=5, buffer_callback=buffer_callback).dump(obj)
+    return sink.getvalue()
+
+
 def dumps(obj: Any) -> Frames:
     """Serialize ``obj`` to frames; large buffers are separate, uncopied frames."""
     buffers: Frames = []
@@ -79,7 +110,7 @@ def dumps(obj: Any) -> Frames:
     if _is_plain(obj):
         stream = pickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
     else:
-        stream = cloudpickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
+        stream = _cloudpickle(obj, keep_out_of_band)
     return [stream, *buffers]
 
 
@@ -93,13 +124,13 @@ def dumps_inband(obj: Any) -> bytes:
     try:
         data = pickle.dumps(obj, protocol=5)
     except (pickle.PicklingError, AttributeError, TypeError):
-        return cloudpickle.dumps(obj, protocol=5)
+        return _cloudpickle(obj)
     if b"__main__" in data or b"__mp_main__" in data:
-        return cloudpickle.dumps(obj, protocol=5)
+        return _cloudpickle(obj)
     return data
 
 
-class _DataPickler(cloudpickle.Pickler):
+class _DataPickler(_Pickler):
     """cloudpickle for data: classes from ``__main__`` travel by value, functions do not."""
 
     def reducer_override(self, obj: Any) -> Any:
