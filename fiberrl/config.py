@@ -61,6 +61,12 @@ class Config:
     """Seconds between transport heartbeats (dead-peer detection across hosts)."""
     heartbeat_timeout: float = 10.0
     """Seconds without a heartbeat after which a peer connection is considered dead."""
+    spin_wait_us: float = 50.0
+    """Microseconds a process waiting on a ``Pipe`` keeps polling (yielding its CPU)
+    before it sleeps, while its peer answers that fast; ``0`` always sleeps at once.
+    Waking a sleeping process on another core costs ~40 us on a VM; polling a little
+    turns a quick reply into a ~10 us round trip. Adaptive: a peer that keeps taking
+    longer than this is waited for asleep, at no polling cost."""
     max_task_retries: int = 3
     """Workers that may die while running one pool task before the task fails."""
     time_limit_margin: float = 120.0

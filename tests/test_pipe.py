@@ -121,6 +121,31 @@ def test_poll_timeouts():
     assert a.poll() is True and a.recv() == 1
 
 
+def _echo_slowly(conn, delay, n):
+    for _ in range(n):
+        msg = conn.recv_bytes()
+        time.sleep(delay)
+        conn.send_bytes(msg)
+
+
+def test_waiting_for_a_slow_peer_sleeps_instead_of_spinning():
+    # a receiver polls briefly before it sleeps (pipe_inbox); a peer that takes 20 ms
+    # per answer must be waited for asleep, not with a core busy the whole time
+    a, b = fiberrl.Pipe()
+    proc = fiberrl.Process(target=_echo_slowly, args=(b, 0.02, 26))
+    proc.start()
+    a.send_bytes(b"warm-up")
+    assert a.recv_bytes() == b"warm-up"
+    cpu, wall = time.process_time(), time.monotonic()
+    for _ in range(25):
+        a.send_bytes(b"ping")
+        assert a.recv_bytes() == b"ping"
+    cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    proc.join(30)
+    assert wall >= 0.5
+    assert cpu < 0.25 * wall, f"waiting {wall:.2f} s took {cpu:.2f} s of CPU"
+
+
 def _use_then_pass_on(conn, out):
     conn.send("from the child")
     grandchild = fiberrl.Process(target=_count_to, args=(conn, 3))
