@@ -27,6 +27,7 @@ once, so a slow peer (an environment step, a long computation) costs no polling.
 from __future__ import annotations
 
 import collections
+import functools
 import hmac
 import logging
 import os
@@ -49,15 +50,16 @@ _HELLO_FIXED = NONCE_BYTES + PROOF_BYTES + 1
 
 def _spin_budget() -> float:
     """Seconds a waiting receiver polls before it sleeps (0 on a single CPU)."""
-    global _spin_s
-    if _spin_s is None:
-        from .config import get_config
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        _spin_s = get_config().spin_wait_us * 1e-6 if (cpus or 1) > 1 else 0.0
-    return _spin_s
+    from .config import get_config
+    return get_config().spin_wait_us * 1e-6 if _several_cpus() else 0.0
 
 
-_spin_s: Optional[float] = None
+@functools.lru_cache(maxsize=None)
+def _several_cpus() -> bool:
+    """Whether this process may run on more than one CPU (else spinning only delays
+    the peer it waits for)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (cpus or 1) > 1
 
 
 class Inbox:
