@@ -3,7 +3,9 @@
 Mirrors CPython's ``multiprocessing/context.py``: ``import fiberrl as mp`` exposes
 the default context's methods, and each imports its module only when first used, so
 importing fiberrl does no work. Every start method is accepted for compatibility;
-jobs always start as fresh interpreters (spawn semantics), on the configured backend.
+jobs always have spawn semantics (nothing of the parent's memory is inherited: the
+process object travels pickled), on the configured backend. The local backend forks
+them from a warm fork server unless the ``forkserver`` setting is off.
 """
 from __future__ import annotations
 
@@ -190,11 +192,12 @@ class FiberContext:
         return self if method is None else FiberContext(method)
 
     def get_start_method(self, allow_none: bool = False) -> str:
-        """The recorded start method (jobs always start as fresh interpreters)."""
+        """The recorded start method (jobs always have spawn semantics)."""
         return self._start_method
 
     def set_start_method(self, method: Optional[str], force: bool = False) -> None:
-        """Accepted for compatibility; jobs always start as fresh interpreters."""
+        """Accepted for compatibility; jobs always have spawn semantics (see the
+        ``forkserver`` setting for how the local backend starts them)."""
         if method is not None and method not in _START_METHODS:
             raise ValueError(f"cannot find context for {method!r}")
         self._start_method = method or "spawn"
@@ -215,7 +218,10 @@ class FiberContext:
 
     @staticmethod
     def set_forkserver_preload(module_names: list) -> None:
-        """Accepted for compatibility; has no effect."""
+        """Modules the local backend's fork server imports before it forks jobs (from
+        the next server started; an import that fails is skipped), as in the stdlib."""
+        from .backends.forkserver_client import set_preload
+        set_preload(module_names)
 
     @staticmethod
     def freeze_support() -> None:

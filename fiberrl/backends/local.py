@@ -1,6 +1,9 @@
 """The local backend: each job is a subprocess of this machine.
 
-A job's stdout and stderr are pumped by one selector thread (``fiberrl-output``)
+Jobs that run fiberrl's own entry point (every ``Process`` and pool worker) are
+forked from a warm fork server (:mod:`fiberrl.backends.forkserver`) unless the
+``forkserver`` setting is off; other commands, and any job the server cannot take,
+are started with ``subprocess``. A job's stdout and stderr are pumped by one selector thread (``fiberrl-output``)
 to this process's own stdout/stderr, so ``print`` in a child shows up as it does
 with ``multiprocessing``, while the last lines are kept for error messages.
 """
@@ -14,11 +17,14 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
+from ..config import get_config
 from ..errors import BackendError
 from . import addresses
 from .base import RUN_ENV, Backend, Job, JobInfo, JobSpec, JobState, JobStatus
+from .forkserver import MARKER_ENV, read_table
+from .forkserver_client import ForkedJob, fork_server
 
 logger = logging.getLogger(__name__)
 
@@ -134,17 +140,41 @@ class LocalBackend(Backend):
     def create_job(self, spec: JobSpec) -> Job:
         env = dict(os.environ)
         env.update(spec.env)
-        try:
-            popen = subprocess.Popen(spec.command, env=env, cwd=spec.cwd,
-                                     pass_fds=spec.pass_fds, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        except OSError as exc:
-            raise BackendError(f"local backend could not start {spec.command[0]!r}: {exc}") from exc
-        job = Job(id=f"local-{popen.pid}", backend=self.name, spec=spec, host="localhost",
-                  pid=popen.pid, data=popen)
-        self._output().add(job.id, popen.stdout, popen.stderr)
+        forked = self._fork(spec, env)
+        if forked is not None:
+            handle, stdout, stderr = forked
+        else:
+            try:
+                handle = subprocess.Popen(spec.command, env=env, cwd=spec.cwd,
+                                          pass_fds=spec.pass_fds, stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            except OSError as exc:
+                raise BackendError(f"local backend could not start {spec.command[0]!r}: "
+                                   f"{exc}") from exc
+            stdout, stderr = handle.stdout, handle.stderr
+        job = Job(id=f"local-{handle.pid}", backend=self.name, spec=spec, host="localhost",
+                  pid=handle.pid, data=handle)
+        self._output().add(job.id, stdout, stderr)
         logger.debug("started job %s: %s", job.id, spec.name)
         return job
+
+    @staticmethod
+    def _fork(spec: JobSpec, env: Dict[str, str]) -> Optional[Tuple[ForkedJob, Any, Any]]:
+        """Fork the job from the fork server; None if it should be exec'd instead."""
+        cfg = get_config()
+        if not cfg.forkserver or spec.command[1:] != ["-m", "fiberrl.spawn"]:
+            return None
+        try:
+            server = fork_server(spec.command[0])
+            if server is None or not server.serves(spec.command, env):
+                return None
+            handle, out_r, err_r = server.start_job(env, spec.cwd, spec.pass_fds,
+                                                    timeout=cfg.start_timeout)
+        except OSError as exc:  # ForkServerError, or the server could not be started
+            logger.warning("fork server unavailable (%s); starting %s as a new interpreter",
+                           exc, spec.name)
+            return None
+        return handle, open(out_r, "rb", buffering=0), open(err_r, "rb", buffering=0)
 
     def status(self, job: Job) -> JobStatus:
         code = job.data.poll()
@@ -194,9 +224,14 @@ class LocalBackend(Backend):
                 continue
             if proc.pid == os.getpid():
                 continue
+            name, run = env.get("FIBERRL_JOB_NAME", "main"), env[RUN_ENV]
+            if MARKER_ENV in env:  # the fork server (not a job), or a job it forked
+                recorded = read_table(proc.pid)
+                if recorded is None:
+                    continue
+                name, run = recorded["name"], recorded["run"] or run
             created = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(proc.info["create_time"]))
-            jobs.append(JobInfo(id=f"local-{proc.pid}", backend=self.name,
-                                name=env.get("FIBERRL_JOB_NAME", "main"), run=env[RUN_ENV],
+            jobs.append(JobInfo(id=f"local-{proc.pid}", backend=self.name, name=name, run=run,
                                 state=proc.info["status"], host="localhost", created=created))
         return jobs
 

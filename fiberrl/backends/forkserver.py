@@ -1,0 +1,323 @@
+"""The local backend's fork server: a warm interpreter that forks jobs on request.
+
+A fresh ``python -m fiberrl.spawn`` spends ~40 ms importing fiberrl, cloudpickle and
+logging before it can even say hello, more than a whole stdlib ``spawn`` start. So the
+local backend starts this server once per interpreter path (the first time it runs a
+job), the server imports what a job needs, and every job after that is a ``fork()``
+of it: the stdlib's ``forkserver`` start method, for fiberrl's jobs.
+
+Data flow::
+
+    LocalBackend (parent) --request--> [control socket] --> fork server --fork()--> job
+            ^                                                     |
+            +---------- "P<pid>", later "X<exit code>" -----------+  (the job's report socket)
+
+The control socket is one end of a ``socketpair`` the parent made and handed to
+this process at exec: nothing else can reach it, and requests are JSON (the job's
+environment, working directory and file descriptor numbers), never pickles. Each
+request carries, by ``SCM_RIGHTS``, the job's report socket, the write ends of its
+stdout and stderr pipes and the descriptors it inherits (``pass_fds``). The server
+answers the job's pid on its report socket at once and its exit code when it reaps
+it. When the parent closes the control socket (or dies), the server stops accepting
+and exits once its last job has been reaped and reported. The server says when its
+imports are done; until then the parent execs its jobs instead of waiting, so the
+first job starts no later than it would without a server.
+
+A job forked here dies with the server (``PR_SET_PDEATHSIG``): only the server can
+reap it and report its exit code. It has no threads but the main one, a fresh random seed (``random``
+reseeds after ``fork``) and the job's own environment, descriptors and signals. What
+it shares with its siblings is what a fork shares: the modules imported below and
+the hash seed of ``str`` (fixed per server, as with the stdlib's forkserver).
+Interpreter start-up variables (``PYTHON*``, ``LD_*``) cannot change after start, so
+the parent only sends jobs whose values match the server's (the rest are exec'd).
+
+Who forked what is also written to a small table (a file per job, named by pid, in
+:func:`table_dir`), because a forked job's ``/proc/<pid>/environ`` shows the server's
+start-up environment, not its own: ``fiberrl ps`` reads the job's name there.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import stat
+import select
+import signal
+import socket
+import sys
+import tempfile
+import traceback
+from typing import Callable, Dict, List, Optional, Tuple
+
+#: set in the server's environment; forked jobs show it too in ``/proc/<pid>/environ``
+MARKER_ENV = "FIBERRL_FORKSERVER"
+MAX_REQUEST = 1 << 20    # bytes of one JSON request (the job's whole environment)
+MAX_FDS = 64             # report, stdout, stderr and the job's pass_fds
+READY = b"R"             # sent once on the control socket: the preloads are imported
+#: modules every job needs, imported once here instead of once per job
+PRELOAD = ("fiberrl.spawn", "fiberrl.process", "fiberrl.popen", "fiberrl.connection",
+           "fiberrl.queues")
+
+
+def table_dir() -> str:
+    """The per-user directory where the fork server records its jobs' names."""
+    return os.path.join(tempfile.gettempdir(), f"fiberrl-{os.getuid()}", "forked")
+
+
+def _make_table_dir() -> bool:
+    """Create :func:`table_dir`; False if it (or its parent) is not this user's alone,
+    e.g. made by someone else in the shared temp dir: then nothing is written there."""
+    path = table_dir()
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        for entry in (os.path.dirname(path), path):
+            info = os.lstat(entry)
+            if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+                    or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+                return False
+    except OSError:
+        return False
+    return True
+
+
+def read_table(pid: int) -> Optional[dict]:
+    """What the fork server recorded for job ``pid`` (``{"name", "run"}``), if anything."""
+    try:
+        with open(os.path.join(table_dir(), str(pid))) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def _record(pid: int, env: Dict[str, str]) -> None:
+    if not _table["usable"]:
+        return
+    path = os.path.join(table_dir(), str(pid))
+    try:
+        with open(path + ".tmp", "w") as fh:
+            json.dump({"name": env.get("FIBERRL_JOB_NAME", "job"),
+                       "run": env.get("FIBERRL_RUN_ID", "")}, fh)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass  # the table only serves `fiberrl ps`; a job runs without it
+
+
+def _forget(pid: int) -> None:
+    if not _table["usable"]:
+        return
+    try:
+        os.unlink(os.path.join(table_dir(), str(pid)))
+    except OSError:
+        pass
+
+
+_table = {"usable": False}
+
+
+class _Server:
+    """The server's loop: fork on request, reap, report exit codes."""
+
+    def __init__(self, control: socket.socket) -> None:
+        self.pid = os.getpid()
+        self.control: Optional[socket.socket] = control
+        self.reports: Dict[int, socket.socket] = {}
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+
+    def serve(self) -> None:
+        """Run until the parent is gone and every job has been reaped."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)      # Ctrl-C is for the jobs
+        signal.signal(signal.SIGCHLD, lambda *_: None)   # wakes the poll below
+        signal.set_wakeup_fd(self.wake_w)
+        poller = select.poll()
+        poller.register(self.wake_r, select.POLLIN)
+        poller.register(self.control.fileno(), select.POLLIN)
+        while self.control is not None or self.reports:
+            for fd, _ in poller.poll():
+                if fd == self.wake_r:
+                    self._reap()
+                elif self.control is not None and fd == self.control.fileno():
+                    if not self._take_request():
+                        poller.unregister(fd)
+                        self.control.close()
+                        self.control = None
+            self._reap()  # a job may end before its SIGCHLD's wake-up is read
+
+    def _take_request(self) -> bool:
+        """Serve one request; False when the parent closed the control socket."""
+        try:
+            msg, fds, flags, _ = socket.recv_fds(self.control, MAX_REQUEST, MAX_FDS)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False
+        if not msg and not fds:
+            return False
+        if len(fds) < 3 or flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC):
+            for fd in fds:
+                os.close(fd)
+            return True
+        report = socket.socket(fileno=fds[0])
+        try:
+            request = json.loads(msg)
+            pid = os.fork()
+        except (OSError, ValueError) as exc:
+            _send(report, f"E{type(exc).__name__}: {exc}")
+            report.close()
+            for fd in fds[1:]:
+                os.close(fd)
+            return True
+        if pid == 0:
+            self._become_job(request, report, fds[1], fds[2], fds[3:])  # never returns
+        for fd in fds[1:]:
+            os.close(fd)  # the job holds them now (its sentinel fires when *it* exits)
+        self.reports[pid] = report
+        _send(report, f"P{pid}")
+        _record(pid, request["env"])
+        return True
+
+    def _reap(self) -> None:
+        try:
+            while os.read(self.wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            _forget(pid)
+            report = self.reports.pop(pid, None)
+            if report is not None:
+                _send(report, f"X{os.waitstatus_to_exitcode(status)}")
+                report.close()
+
+    # -- in the forked child ----------------------------------------------------------
+    def _become_job(self, request: dict, report: socket.socket, out_fd: int, err_fd: int,
+                    passed: List[int]) -> None:
+        """Turn this fresh fork into the job the request describes, run it, exit."""
+        code = 1
+        try:
+            _die_with(self.pid)
+            report.close()
+            for sock in self.reports.values():
+                sock.close()
+            if self.control is not None:
+                self.control.close()
+            signal.set_wakeup_fd(-1)
+            os.close(self.wake_r)
+            os.close(self.wake_w)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            _place_stdio(out_fd, err_fd)
+            _place_fds(passed, request["fds"])
+            os.environ.clear()
+            os.environ.update(request["env"])
+            cwd = request["cwd"]
+            try:
+                os.chdir(cwd)
+            except OSError:
+                pass  # fiberrl.spawn tells when the parent's directory is missing
+            from fiberrl import spawn
+            sys.argv = [spawn.__file__]
+            sys.path[0] = cwd
+            code = spawn.main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            _exit(code)
+
+
+def _die_with(server_pid: int) -> None:
+    """Have the kernel kill this job if the server dies (Linux ``PR_SET_PDEATHSIG``):
+    nobody else could reap it or report its exit code, and it must not run on unseen."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != server_pid:  # the server died before the request took effect
+            os._exit(1)
+
+
+def _load_prctl() -> Optional[Callable[..., int]]:
+    """libc's ``prctl``, loaded in the server so that a job does not pay for it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PR_SET_PDEATHSIG = 1
+_prctl: Optional[Callable[..., int]] = None
+
+
+def _send(sock: socket.socket, text: str) -> None:
+    try:
+        sock.send(text.encode())
+    except OSError:
+        pass  # the parent is gone: nobody to tell
+
+
+def _place_stdio(out_fd: int, err_fd: int) -> None:
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    for source, target in ((devnull, 0), (out_fd, 1), (err_fd, 2)):
+        os.dup2(source, target)
+    for fd in {devnull, out_fd, err_fd} - {0, 1, 2}:
+        os.close(fd)
+
+
+def _place_fds(passed: List[int], targets: List[int]) -> None:
+    """Give the job its inherited descriptors under the numbers its parent used."""
+    if not passed:
+        return
+    floor = max([*targets, *passed]) + 1
+    moved = []
+    for fd in passed:  # out of the way first: a target may be another's current number
+        moved.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor))
+        os.close(fd)
+    for fd, target in zip(moved, targets):
+        os.dup2(fd, target)  # inheritable, like subprocess's pass_fds
+        os.close(fd)
+
+
+def _exit(code: int) -> None:
+    """End the job as an interpreter exit would (atexit handlers, flushed streams)."""
+    try:
+        import atexit
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
+def main(argv: Tuple[str, ...] = tuple(sys.argv[1:])) -> None:
+    """``python -m fiberrl.backends.forkserver CONTROL_FD [MODULE...]``."""
+    global _prctl
+    control = socket.socket(fileno=int(argv[0]))
+    _table["usable"] = _make_table_dir()
+    _prctl = _load_prctl()
+    import importlib
+    for name in PRELOAD:
+        importlib.import_module(name)
+    for name in argv[1:]:  # the user's (set_forkserver_preload): skipped if missing
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    control.send(READY)
+    _Server(control).serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""The local backend's fork server: jobs forked from a warm interpreter behave as
+jobs started as fresh interpreters do (exit codes, signals, output, sentinels,
+environment), and neither the server nor its jobs outlive their parent."""
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from multiprocessing.connection import wait
+
+import psutil
+import pytest
+
+import fiberrl
+from fiberrl.backends.forkserver_client import ForkedJob, running_servers
+from fiberrl.backends.local import LocalBackend
+
+import pool_helpers
+
+
+def _noop():
+    pass
+
+
+def _report(queue, name):
+    queue.put((os.environ.get(name), os.getcwd(), random.random(), os.getppid(),
+               sorted(t.name for t in __import__("threading").enumerate())))
+
+
+def _shout(text):
+    print(text, flush=True)
+    print(text.upper(), file=sys.stderr, flush=True)
+
+
+def _forked(proc):
+    return isinstance(proc._popen.job.data, ForkedJob)
+
+
+@pytest.fixture
+def server():
+    """A ready fork server of this process (jobs started now are forked)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready = [s for s in running_servers() if s.ready()]
+        if ready:
+            return ready[0]
+        proc = fiberrl.Process(target=_noop)  # the second job of a process starts the server
+        proc.start()
+        proc.join(30)
+        time.sleep(0.05)
+    pytest.fail("the fork server never became ready")
+
+
+def test_forked_jobs_get_their_own_environment_directory_and_seed(server, tmp_path, monkeypatch):
+    monkeypatch.setenv("FIBERRL_TEST_VALUE", "set after the server started")
+    monkeypatch.chdir(tmp_path)
+    queue = fiberrl.Queue()
+    procs = [fiberrl.Process(target=_report, args=(queue, "FIBERRL_TEST_VALUE")) for _ in range(2)]
+    for proc in procs:
+        proc.start()
+    assert all(_forked(proc) for proc in procs)
+    reports = [queue.get(timeout=30) for _ in procs]
+    for proc in procs:
+        proc.join(30)
+        assert proc.exitcode == 0
+    for value, cwd, _, parent, threads in reports:
+        assert value == "set after the server started"
+        assert cwd == str(tmp_path)
+        assert parent == server.process.pid
+        assert "MainThread" in threads
+    assert reports[0][2] != reports[1][2], "forked siblings drew the same random numbers"
+
+
+@pytest.mark.parametrize("target,args,code", [(sys.exit, (3,), 3), (os._exit, (0,), 0),
+                                              (time.sleep, (60,), -signal.SIGKILL)])
+def test_exit_codes_and_signals_of_forked_jobs(server, target, args, code):
+    proc = fiberrl.Process(target=target, args=args)
+    proc.start()
+    assert _forked(proc)
+    if code < 0:
+        time.sleep(0.3)
+        proc.kill()
+    proc.join(30)
+    assert proc.exitcode == code
+
+
+def test_terminate_and_sentinel_of_a_forked_job(server):
+    proc = fiberrl.Process(target=time.sleep, args=(60,))
+    proc.start()
+    assert _forked(proc)
+    assert not wait([proc.sentinel], 0.2)
+    proc.terminate()
+    assert wait([proc.sentinel], 10), "the sentinel did not fire when the job ended"
+    proc.join(10)
+    assert proc.exitcode == -signal.SIGTERM
+
+
+def test_output_of_a_forked_job_reaches_the_parent_and_its_logs(server, capfd):
+    proc = fiberrl.Process(target=_shout, args=("hello from a fork",))
+    proc.start()
+    assert _forked(proc)
+    proc.join(30)
+    assert proc.exitcode == 0
+    assert "hello from a fork" in proc.job_logs()
+    assert pool_helpers.wait_until(lambda: "HELLO FROM A FORK" in capfd.readouterr().err, 5)
+
+
+def test_interpreter_start_up_variables_or_the_setting_turn_forking_off(server, monkeypatch):
+    monkeypatch.setenv("PYTHONFAULTHANDLER", "1")  # only read when an interpreter starts
+    proc = fiberrl.Process(target=_noop)
+    proc.start()
+    proc.join(30)
+    assert proc.exitcode == 0 and not _forked(proc)
+    monkeypatch.delenv("PYTHONFAULTHANDLER")
+    fiberrl.init(forkserver=False)
+    try:
+        proc = fiberrl.Process(target=_noop)
+        proc.start()
+        proc.join(30)
+        assert proc.exitcode == 0 and not _forked(proc)
+    finally:
+        fiberrl.init()
+
+
+def test_a_job_whose_server_died_is_killed_and_reported(server):
+    proc = fiberrl.Process(target=time.sleep, args=(60,))
+    proc.start()
+    assert _forked(proc)
+    pid = proc.pid
+    server.process.kill()
+    server.process.wait(10)
+    started = time.monotonic()
+    proc.join(10)
+    assert proc.exitcode == -signal.SIGKILL
+    assert time.monotonic() - started < 5, "join waited for a job nobody could reap"
+    assert pool_helpers.wait_until(lambda: not psutil.pid_exists(pid)
+                                   or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10)
+    after = fiberrl.Process(target=sys.exit, args=(5,))  # a new server, or an exec'd job
+    after.start()
+    after.join(30)
+    assert after.exitcode == 5
+
+
+def test_ps_names_forked_jobs_and_not_the_server(server):
+    proc = fiberrl.Process(target=time.sleep, args=(60,), name="forked-napper")
+    proc.start()
+    try:
+        assert _forked(proc)
+        jobs = {job.id: job for job in LocalBackend().list_jobs()}
+        assert jobs[f"local-{proc.pid}"].name == "forked-napper"
+        assert f"local-{server.process.pid}" not in jobs
+    finally:
+        proc.kill()
+        proc.join(10)
+
+
+_ABANDONING_PARENT = textwrap.dedent("""
+    import os, sys, time
+    import fiberrl
+    from fiberrl.backends.forkserver_client import running_servers
+    def noop():
+        pass
+    if __name__ == "__main__":
+        fiberrl.init(parent_grace=1.0)
+        deadline = time.monotonic() + 60
+        while not any(s.ready() for s in running_servers()) and time.monotonic() < deadline:
+            p = fiberrl.Process(target=noop); p.start(); p.join()
+            time.sleep(0.05)
+        sleeper = fiberrl.Process(target=time.sleep, args=(600,))
+        sleeper.start()
+        print(running_servers()[0].process.pid, sleeper.pid, flush=True)
+        time.sleep(0.5)
+        os._exit(0)  # no clean-up at all: as if the parent were killed
+""")
+
+
+def test_the_server_and_its_jobs_do_not_outlive_their_parent(tmp_path):
+    script = tmp_path / "parent.py"
+    script.write_text(_ABANDONING_PARENT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 0, out.stderr
+    server_pid, job_pid = (int(word) for word in out.stdout.split())
+
+    def gone(pid):
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    assert pool_helpers.wait_until(lambda: gone(job_pid) and gone(server_pid), 30), \
+        "the forked job or its server outlived the parent"
+
+
+def _has_module(queue, name):
+    import sys
+    queue.put(name in sys.modules)
+
+
+def test_set_forkserver_preload_imports_modules_in_the_next_server():
+    from fiberrl.backends import forkserver_client
+    fiberrl.set_forkserver_preload(["xml.dom.minidom", "no_such_module_anywhere"])
+    forkserver_client.close_all()  # the next server starts with the preloads
+    try:
+        deadline = time.monotonic() + 60
+        while not any(s.ready() for s in running_servers()) and time.monotonic() < deadline:
+            proc = fiberrl.Process(target=_noop)
+            proc.start()
+            proc.join(30)
+        queue = fiberrl.Queue()
+        proc = fiberrl.Process(target=_has_module, args=(queue, "xml.dom.minidom"))
+        proc.start()
+        assert _forked(proc)
+        assert queue.get(timeout=30) is True
+        proc.join(30)
+    finally:
+        fiberrl.set_forkserver_preload([])
+        forkserver_client.close_all()
+    with pytest.raises(TypeError):
+        fiberrl.set_forkserver_preload("xml")
