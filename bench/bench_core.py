@@ -88,7 +88,7 @@ if __name__ == "__main__":
         import fiberrl as mp
     else:
         import multiprocessing
-        mp = multiprocessing.get_context("spawn")
+        mp = multiprocessing.get_context(sys.argv[1])
     samples = []
     for _ in range(int(sys.argv[2])):
         started = time.perf_counter()
@@ -154,6 +154,22 @@ def main():
     std, ours = start_join_bare("spawn", repeats), start_join_bare("fiberrl", repeats)
     row("Process start + join (p50), bare main", std, ours, "ms", ours / std,
         "target: fiberrl/stdlib-spawn <= 1")
+    # fiberrl's local jobs fork from a warm server: the stdlib's forkserver is the peer
+    std = start_join_bare("forkserver", repeats)
+    row("  the same, stdlib with its forkserver method", std, ours, "ms", ours / std,
+        "fiberrl/stdlib-forkserver, for reference")
+    spin = os.environ.get("FIBERRL_SPIN_WAIT_US")
+    os.environ["FIBERRL_SPIN_WAIT_US"] = "0"
+    try:
+        fiberrl.init()
+        std, ours = statistics.median(stds), pipe_pingpong(fiberrl, int(2000 * scale))
+    finally:
+        os.environ.pop("FIBERRL_SPIN_WAIT_US")
+        if spin is not None:
+            os.environ["FIBERRL_SPIN_WAIT_US"] = spin
+        fiberrl.init()
+    row("Pipe ping-pong p50, fiberrl without spinning", std, ours, "us", ours / std,
+        "for reference: spin_wait_us=0")
 
 
 if __name__ == "__main__":
