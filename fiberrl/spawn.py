@@ -28,10 +28,10 @@ logger = logging.getLogger(__name__)
 def _finish_shared_objects() -> None:
     """Deliver pending queue items, close pipes, stop the hub: only for what this job
     used (importing those modules just to find nothing would slow every job's exit)."""
-    queues, connection, hub = (sys.modules.get(f"fiberrl.{name}")
-                               for name in ("queues", "connection", "hub"))
-    if queues is not None:
-        queues.flush_all()
+    feeders, connection, hub = (sys.modules.get(f"fiberrl.{name}")
+                                for name in ("queue_feeder", "connection", "hub"))
+    if feeders is not None:
+        feeders.flush_all()
     if connection is not None:
         connection.close_all()
     running_hub = hub.current_hub() if hub is not None else None

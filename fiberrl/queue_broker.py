@@ -1,0 +1,267 @@
+"""The owner's side of a queue: its :class:`Broker`, inside the "queue" hub service.
+
+Data flow::
+
+    put (this process: under the lock) ----------------+
+    put / put_many (hub request from elsewhere) -------+--> Broker.items --> get
+                                                              |
+    a remote get's item stays *in flight* until acknowledged -+ (requeued if its
+                                                                 consumer job died)
+
+Every broker of a process lives in that process's hub ("queue" service); each
+method runs under the broker's lock, from the hub thread or a local caller. Blocked
+gets are :class:`Waiter` s served first come, first served, local or remote.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import queue as _queue
+import threading
+import time
+import weakref
+from typing import Any, Deque, Dict, List, Optional
+
+from .hub import Hub, Request, existing_service, service
+from .queue_feeder import unpack_batch
+
+logger = logging.getLogger(__name__)
+
+_INFLIGHT_CHECK = 0.5
+
+
+class Waiter:
+    """A blocked ``get``: local (a thread here) or remote (a hub request)."""
+
+    __slots__ = ("request", "token", "event", "item", "timer")
+
+    def __init__(self, request: Optional[Request] = None, token: Optional[str] = None) -> None:
+        self.request, self.token = request, token
+        self.event = threading.Event() if request is None else None
+        self.item: Optional[List[Any]] = None
+        self.timer = None
+
+
+class Broker:
+    """State of one queue; every method runs under ``self.lock``."""
+
+    def __init__(self, hub: Hub, maxsize: int, joinable: bool) -> None:
+        self.hub = hub
+        self.maxsize = maxsize
+        self.joinable = joinable
+        self.lock = threading.Lock()
+        self.not_full = threading.Condition(self.lock)
+        self.all_done = threading.Condition(self.lock)
+        self.items: Deque[List[Any]] = collections.deque()
+        self.getters: Deque[Waiter] = collections.deque()
+        self.putters: Deque[tuple] = collections.deque()   # remote puts waiting for room
+        self.local_putters = 0                               # threads here waiting for room
+        self.joiners: List[Request] = []
+        self.unfinished = 0
+        self.inflight: Dict[int, tuple] = {}
+        self.inflight_ids = itertools.count(1)
+        self.checking_inflight = False
+
+    # -- called with the lock held -------------------------------------------------
+    def full(self) -> bool:
+        return 0 < self.maxsize <= len(self.items)
+
+    def wait_for_room(self, timeout: Optional[float]) -> None:
+        """Wait (in a local ``put``) until not full; raise ``queue.Full`` at timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.local_putters += 1
+        try:
+            while self.full():
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise _queue.Full
+                self.not_full.wait(remaining)
+        finally:
+            self.local_putters -= 1
+
+    def add(self, frames: List[Any], front: bool = False) -> None:
+        """Store an item or hand it to the first waiting getter."""
+        if not front and self.joinable:
+            self.unfinished += 1
+        while self.getters:
+            waiter = self.getters.popleft()
+            if self._deliver(waiter, frames):
+                return
+        if front:
+            self.items.appendleft(frames)
+        else:
+            self.items.append(frames)
+
+    def add_many(self, items: List[List[Any]]) -> None:
+        """``add`` each of ``items`` in order (one producer's batch)."""
+        if self.getters:
+            for frames in items:
+                self.add(frames)
+            return
+        if self.joinable:
+            self.unfinished += len(items)
+        self.items.extend(items)
+
+    def _deliver(self, waiter: Waiter, frames: List[Any]) -> bool:
+        if waiter.request is None:
+            if waiter.event.is_set():  # that local get already timed out
+                return False
+            waiter.item = frames
+            waiter.event.set()
+            return True
+        if waiter.request.answered:
+            return False
+        if waiter.timer is not None:
+            waiter.timer[2] = None
+        self._reply_item(waiter.request, waiter.token, frames)
+        return True
+
+    def _reply_item(self, request: Request, token: Optional[str], frames: List[Any]) -> None:
+        flight = next(self.inflight_ids)
+        self.inflight[flight] = (token, frames, time.monotonic())
+        self._on_hub(lambda: request.reply(flight, body=frames))
+        self._watch_inflight()
+
+    def _on_hub(self, fn) -> None:
+        if threading.current_thread() is self.hub.thread:
+            fn()
+        else:
+            self.hub.call_soon(fn)
+
+    def take(self) -> Optional[List[Any]]:
+        """Pop the next item, letting a waiting remote put in."""
+        if not self.items:
+            return None
+        frames = self.items.popleft()
+        if self.local_putters:
+            self.not_full.notify()
+        while self.putters and not self.full():
+            request, body = self.putters.popleft()
+            if not request.answered:
+                self.add(body)
+                self._on_hub(request.reply)
+        return frames
+
+    def task_done(self) -> None:
+        if self.unfinished <= 0:
+            raise ValueError("task_done() called too many times")
+        self.unfinished -= 1
+        if self.unfinished == 0:
+            self.all_done.notify_all()
+            joiners, self.joiners = self.joiners, []
+            for request in joiners:
+                self._on_hub(request.reply)
+
+    def _watch_inflight(self) -> None:
+        if not self.checking_inflight:
+            self.checking_inflight = True
+            self._on_hub(lambda: self.hub.call_later(_INFLIGHT_CHECK, self._check_inflight))
+
+    def _check_inflight(self) -> None:
+        """Requeue items in flight to consumer jobs that died (hub thread)."""
+        from .popen import dead_job_tokens
+        with self.lock:
+            dead = dead_job_tokens({token for token, _, _ in self.inflight.values() if token})
+            for flight, (token, frames, _) in sorted(self.inflight.items(), reverse=True):
+                if token in dead:
+                    del self.inflight[flight]
+                    logger.warning("consumer job died with a queue item in flight; requeued it")
+                    self.add(frames, front=True)
+            if self.inflight:
+                self.hub.call_later(_INFLIGHT_CHECK, self._check_inflight)
+            else:
+                self.checking_inflight = False
+
+
+class QueueService:
+    """Hub service "queue": the brokers of every queue this process created."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.brokers: "weakref.WeakValueDictionary[str, Broker]" = weakref.WeakValueDictionary()
+        hub.register("queue", self)
+
+    def __call__(self, op: str, request: Request) -> None:
+        broker = self.brokers.get(request.args[0])
+        if broker is None:
+            request.fail(OSError(f"queue {request.args[0]} no longer exists (it was garbage "
+                                 f"collected in the process that created it)"))
+            return
+        getattr(self, "op_" + op)(broker, request)
+
+    def op_put(self, broker: Broker, request: Request) -> None:
+        block, timeout = request.args[1], request.args[2]
+        body = list(request.body)  # views of received frames: writable, no copy
+        with broker.lock:
+            if not broker.full():
+                broker.add(body)
+                request.reply()
+            elif not block:
+                request.fail(_queue.Full())
+            else:
+                broker.putters.append((request, body))
+                if timeout is not None:
+                    self.hub.call_later(timeout, lambda: self._expire_put(broker, request))
+
+    def op_put_many(self, broker: Broker, request: Request) -> None:
+        items = unpack_batch(request.body, request.args[1], request.args[2])
+        with broker.lock:
+            broker.add_many(items)
+        request.reply()
+
+    def _expire_put(self, broker: Broker, request: Request) -> None:
+        with broker.lock:
+            request.fail(_queue.Full())
+
+    def op_get(self, broker: Broker, request: Request) -> None:
+        block, timeout, token = request.args[1], request.args[2], request.args[3]
+        with broker.lock:
+            frames = broker.take()
+            if frames is not None:
+                broker._reply_item(request, token, frames)
+            elif not block:
+                request.fail(_queue.Empty())
+            else:
+                waiter = Waiter(request, token)
+                broker.getters.append(waiter)
+                if timeout is not None:
+                    waiter.timer = self.hub.call_later(
+                        timeout, lambda: self._expire_get(broker, request))
+
+    def _expire_get(self, broker: Broker, request: Request) -> None:
+        with broker.lock:
+            request.fail(_queue.Empty())
+
+    def op_ack(self, broker: Broker, request: Request) -> None:
+        with broker.lock:
+            broker.inflight.pop(request.args[1], None)
+
+    def op_size(self, broker: Broker, request: Request) -> None:
+        with broker.lock:
+            request.reply(len(broker.items), broker.full())
+
+    def op_task_done(self, broker: Broker, request: Request) -> None:
+        with broker.lock:
+            broker.task_done()
+        request.reply()
+
+    def op_join(self, broker: Broker, request: Request) -> None:
+        with broker.lock:
+            if broker.unfinished == 0:
+                request.reply()
+            else:
+                broker.joiners.append(request)
+
+
+def queue_service() -> QueueService:
+    """This process's "queue" hub service (the hub and the service start on first use)."""
+    return service("queue", QueueService)
+
+
+def owning_broker(qid: str, hub_address: str) -> Optional[Broker]:
+    """The broker itself when this process owns the queue, else None."""
+    running = existing_service("queue")
+    if running is None or running.hub.address != hub_address:
+        return None
+    return running.brokers.get(qid)
