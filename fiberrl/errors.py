@@ -99,3 +99,8 @@ class ManagerConnectionError(ConnectionError, EOFError):
     died, shut down or its host was lost; it is both a ``ConnectionError`` and the
     ``EOFError`` the stdlib's proxies raise, so existing handlers keep working.
     """
+
+
+class ForgedMessageError(ConnectionError, EOFError):
+    """A peer on an authenticated stream sent a message that failed its MAC or was
+    malformed: the stream is dropped and nothing in it is unpickled."""

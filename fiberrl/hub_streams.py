@@ -21,6 +21,7 @@ from typing import Any, Dict, Sequence
 import zmq
 
 from . import transport
+from .errors import ForgedMessageError
 from .stream import UNIX, Channel, Listener, unix_supported
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class StreamDoor:
                     for header, buffers in channel.on_readable():
                         dispatch(channel, header, buffers)
             except ConnectionError as exc:
-                if "authentication" in str(exc):
+                if isinstance(exc, ForgedMessageError):
                     logger.warning("hub: dropped a stream: %s", exc)
                 self._drop(fd, poller)
 

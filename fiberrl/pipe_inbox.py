@@ -39,6 +39,7 @@ import time
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from . import transport
+from .errors import ForgedMessageError
 from .pipe_wire import (ACK, NONCE_BYTES, PROOF_BYTES, FrameReader, Message, proof,
                         session_key)
 
@@ -155,7 +156,7 @@ class Inbox:
                 try:
                     into.extend(reader.read())
                 except EOFError as exc:
-                    if "authentication" in str(exc) or "malformed" in str(exc):
+                    if isinstance(exc, ForgedMessageError):
                         logger.warning("dropped a pipe stream: %s", exc)
                     self._drop(fd)
                     dropped = True

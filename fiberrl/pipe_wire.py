@@ -40,6 +40,7 @@ import time
 from typing import Any, List, Optional, Sequence, Tuple
 
 from . import transport
+from .errors import ForgedMessageError
 
 NONCE_BYTES = 16
 PROOF_BYTES = 32
@@ -155,7 +156,8 @@ class FrameReader:
     def read(self) -> List[Message]:
         """Read what the socket has; return the complete messages.
 
-        Raises ``EOFError`` when the stream ended or carried a forged message.
+        Raises ``EOFError`` when the stream ended (:class:`ForgedMessageError`, an
+        ``EOFError``, when it carried a forged or malformed message).
         """
         if self._big is not None:
             return self._read_big()
@@ -187,7 +189,7 @@ class FrameReader:
                     pos = signed_end + _MAC_BYTES
                     continue
             if count > _MAX_FRAMES:
-                raise EOFError("malformed message")
+                raise ForgedMessageError("malformed message")
             meta = pos + _HEAD.size + count * _LEN.size
             if end < meta:
                 break
@@ -213,7 +215,7 @@ class FrameReader:
         mac = self._mac.copy()
         mac.update(signed)
         if not hmac.compare_digest(mac.digest(), bytes(digest)):
-            raise EOFError("message failed authentication")
+            raise ForgedMessageError("message failed authentication")
 
     def _start_big(self, data: Any, pos: int, end: int, kind: bytes, sizes: List[int],
                    meta: int) -> None:

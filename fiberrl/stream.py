@@ -38,6 +38,7 @@ from hashlib import sha256
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from . import transport
+from .errors import ForgedMessageError
 
 __all__ = ["Listener", "Channel", "StreamConnection", "Message"]
 
@@ -147,7 +148,7 @@ class _Parser:
                 break
             head_len, count = _PREFIX.unpack_from(buf, pos)
             if count > _MAX_BUFFERS:
-                raise ConnectionError("malformed message (too many buffers)")
+                raise ForgedMessageError("malformed message (too many buffers)")
             meta = _PREFIX.size + count * _LENGTH.size
             if len(buf) - pos < meta + _MAC_BYTES:
                 break
@@ -179,7 +180,7 @@ class _Parser:
         mac.update(view[start:start + head_len])
         if not hmac.compare_digest(mac.digest(), bytes(view[pos + meta:start])):
             view.release()
-            raise ConnectionError("message failed authentication")
+            raise ForgedMessageError("message failed authentication")
         return pickle.loads(view[start:start + head_len])
 
     def _start_big(self, pos: int, meta: int, head_len: int, lengths: List[int]) -> None:
@@ -245,7 +246,7 @@ class Channel:
             nonce_c = bytes(self._hello[:_NONCE_BYTES])
             proof = bytes(self._hello[_NONCE_BYTES:_HELLO_BYTES])
             if not hmac.compare_digest(proof, _proof(self._nonce, nonce_c)):
-                raise ConnectionError("peer failed authentication")
+                raise ForgedMessageError("peer failed authentication")
             self.authenticated = True
             self._key = _session_key(self._nonce, nonce_c)
             self._parser = _Parser(self._key)
