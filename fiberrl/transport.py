@@ -413,11 +413,9 @@ class HubClient:
                     raise TimeoutError(f"no reply from hub {self.address} to {service}.{op}")
                 continue
             header, buffers = got
-            if header[0] != req_id:
-                continue  # a late reply to an abandoned call
-            if header[1] == "err":
-                raise header[2]
-            return header[2:-1], unpack_body(header[-1], buffers)
+            values = _answer(header, req_id)
+            if values is not None:
+                return values[:-1], unpack_body(values[-1], buffers)
 
     def _call_zmq(self, service: str, op: str, args: tuple, body: Sequence[Any],
                   timeout: Optional[float]) -> Tuple[tuple, List[memoryview]]:
@@ -438,15 +436,23 @@ class HubClient:
                 if got is None:
                     continue
                 header, reply_body = got
-                if header[0] != req_id:
-                    continue  # a late reply to an abandoned call
-                if header[1] == "err":
-                    raise header[2]
-                return header[2:], reply_body
+                values = _answer(header, req_id)
+                if values is not None:
+                    return values, reply_body
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"no reply from hub {self.address} to {service}.{op}")
             if local.lost_since is not None and time.monotonic() - local.lost_since > self.grace:
                 raise self._lost()
+
+
+def _answer(header: tuple, req_id: int) -> Optional[tuple]:
+    """The values a reply ``header`` carries for call ``req_id`` (raising the error the
+    hub sent back); None for a late reply to an abandoned call."""
+    if header[0] != req_id:
+        return None
+    if header[1] == "err":
+        raise header[2]
+    return header[2:]
 
 
 _clients_lock = threading.Lock()
