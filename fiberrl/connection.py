@@ -116,7 +116,9 @@ class Connection:
     def __reduce__(self):
         self._check_open()
         self._shipped = True
-        transport.client_for(self._registry).cast("pipe", "ship", self._pipe_id, self._end)
+        from .jobenv import shipping_token
+        transport.client_for(self._registry).cast("pipe", "ship", self._pipe_id, self._end,
+                                                  shipping_token())
         if self._pid == os.getpid():
             self._hand_over()
         return (_rebuild, (self._pipe_id, self._end, self._registry, self._readable,
@@ -190,15 +192,15 @@ class Connection:
         if not force and now - self._last_lookup < _LOOKUP_INTERVAL:
             return
         self._last_lookup = now
-        (loc, holders), _ = transport.client_for(self._registry).call(
+        (loc, holders, lost), _ = transport.client_for(self._registry).call(
             "pipe", "lookup", self._pipe_id, 1 - self._end)
         if loc is not None:
             if loc != self._peer_loc or self._outbox is None:
                 self._connect(loc)
             else:
                 self._suspect = False  # still where our live stream leads
-        elif self._suspect and holders == 0:
-            self._peer_gone = True
+        elif holders == 0 and (self._suspect or lost):
+            self._peer_gone = True  # its last copy died (active, or on its way to a job)
 
     # -- checks ----------------------------------------------------------------------
     def _check_open(self) -> None:

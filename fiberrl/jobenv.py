@@ -5,7 +5,9 @@ imports nothing it does not use: every module a job imports is paid for by every
 """
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+import threading
+from typing import Iterator, Optional
 
 HUB_ENV = "FIBERRL_HUB"
 DOOR_ENV = "FIBERRL_HUB_DOOR"   # the parent hub's stream door (the job calls there at once)
@@ -25,3 +27,22 @@ def set_job_token(token: str) -> None:
     """Record this job's token (``fiberrl.spawn`` does, once)."""
     global _current_token
     _current_token = token
+
+
+_shipping = threading.local()
+
+
+@contextlib.contextmanager
+def shipping_to(token: str) -> Iterator[None]:
+    """While pickling a process for the job with ``token``: objects that travel with
+    it (pipe ends) can tell their owner which job they are on their way to."""
+    _shipping.token = token
+    try:
+        yield
+    finally:
+        _shipping.token = None
+
+
+def shipping_token() -> Optional[str]:
+    """The token of the job whose process this thread is pickling, if any."""
+    return getattr(_shipping, "token", None)

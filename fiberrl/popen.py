@@ -34,7 +34,7 @@ from . import reduction, transport
 from .backends import JobSpec, JobState, default_backend
 from .backends.base import RUN_ENV, run_id
 from .config import INHERITED_ENV, get_config
-from .jobenv import DOOR_ENV, HUB_ENV, JOB_ENV, SENTINEL_ENV, TOKEN_ENV
+from .jobenv import DOOR_ENV, HUB_ENV, JOB_ENV, SENTINEL_ENV, TOKEN_ENV, shipping_to
 
 if TYPE_CHECKING:
     from .hub import Hub, Request
@@ -153,10 +153,11 @@ class Popen:
         cfg = get_config()
         backend = default_backend()
         service = _spawn_service()
-        frames = _pickle_process(process_obj)
+        token = secrets.token_hex(12)
+        with shipping_to(token):
+            frames = _pickle_process(process_obj)
         prep = {"sys_path": list(sys.path), "cwd": os.getcwd(),
                 "log_level": cfg.log_level, "name": process_obj.name}
-        token = secrets.token_hex(12)
         read_fd, write_fd = os.pipe()
         env = {HUB_ENV: service.hub.address, DOOR_ENV: json.dumps(service.hub.door.address),
                TOKEN_ENV: token, JOB_ENV: process_obj.name, RUN_ENV: run_id(),

@@ -12,8 +12,10 @@ A sender asks ``mail``: the hub stores the message, or answers with the address 
 the active copy so the sender connects there directly. A closing copy calls
 ``release``: the answer says how many copies stay active, so only the last one
 tells the peer "EOF". A copy being sent to another process (``ship``, counted until
-it arrives and registers) also counts. Copies held by jobs that died are dropped on
-``lookup``.
+it arrives and registers) also counts. Copies held by jobs that died, and copies on
+their way to a job that died before it unpickled them, are dropped on ``lookup``,
+whose answer says whether any copy was lost that way (then no copies left means EOF,
+where an end that was simply never used yet does not).
 """
 from __future__ import annotations
 
@@ -30,13 +32,15 @@ logger = logging.getLogger(__name__)
 
 
 class _End:
-    __slots__ = ("holders", "order", "mail", "in_transit")
+    __slots__ = ("holders", "order", "mail", "in_transit", "to_jobs", "lost")
 
     def __init__(self) -> None:
         self.holders: Dict[str, dict] = {}   # proc_id -> {"loc": ..., "token": ...}
         self.order: List[str] = []           # proc_ids, most recent last
         self.mail: List[tuple] = []          # (kind, [frames])
         self.in_transit = 0                  # copies pickled, not yet unpickled
+        self.to_jobs: Dict[str, int] = {}    # of those, copies bound for a known job
+        self.lost = False                    # a copy died with its process
 
     def copies(self) -> int:
         """Copies that still count for end-of-file: active ones and ones in transit."""
@@ -93,6 +97,10 @@ class PipeRegistry:
         for proc_id, holder in list(end.holders.items()):
             if holder["token"] in dead or not _alive_here(proc_id):
                 end.drop(proc_id)
+                end.lost = True
+        for token in dead_job_tokens(set(end.to_jobs)) if end.to_jobs else ():
+            end.in_transit -= end.to_jobs.pop(token)  # died before unpickling its copy
+            end.lost = True
 
     def __call__(self, op: str, request: Request) -> None:
         pipe_id, index = request.args[0], request.args[1]
@@ -102,6 +110,10 @@ class PipeRegistry:
             loc, proc_id, token, arrived = request.args[2:6]
             if arrived:
                 end.in_transit -= 1
+                if end.to_jobs.get(token):
+                    end.to_jobs[token] -= 1
+                    if not end.to_jobs[token]:
+                        del end.to_jobs[token]
             end.drop(proc_id)
             end.holders[proc_id] = {"loc": loc, "token": token}
             end.order.append(proc_id)
@@ -117,9 +129,12 @@ class PipeRegistry:
                 request.reply("stored", None)
         elif op == "lookup":
             self._purge_dead(end)
-            request.reply(end.location(), end.copies())
+            request.reply(end.location(), end.copies(), end.lost)
         elif op == "ship":
             end.in_transit += 1
+            token = request.args[2] if len(request.args) > 2 else None
+            if token:
+                end.to_jobs[token] = end.to_jobs.get(token, 0) + 1
         elif op == "release":
             proc_id, kinds, counts, keep = request.args[2:6]
             if keep and proc_id in end.holders:

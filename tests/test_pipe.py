@@ -121,6 +121,31 @@ def test_poll_timeouts():
     assert a.poll() is True and a.recv() == 1
 
 
+class _ExitWhenUnpickled:
+    """An argument whose unpickling ends the job: it dies before its later arguments
+    (a pipe end) are rebuilt."""
+
+    def __reduce__(self):
+        import os
+        return os._exit, (3,)
+
+
+def _never_runs(*args):
+    raise AssertionError("the job should have died while unpickling its arguments")
+
+
+def test_eof_when_the_job_a_pipe_end_was_sent_to_dies_before_receiving_it():
+    a, b = fiberrl.Pipe()
+    proc = fiberrl.Process(target=_never_runs, args=(_ExitWhenUnpickled(), b))
+    proc.start()
+    b.close()  # as with the stdlib: the parent's copy closed, the job's died with it
+    proc.join(30)
+    assert proc.exitcode == 3
+    assert a.poll(20), "recv would hang: the only other copy of the end died in transit"
+    with pytest.raises(EOFError):
+        a.recv()
+
+
 def _echo_slowly(conn, delay, n):
     for _ in range(n):
         msg = conn.recv_bytes()
