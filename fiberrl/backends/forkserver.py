@@ -161,8 +161,11 @@ class _Server:
         report = socket.socket(fileno=fds[0])
         try:
             request = json.loads(msg)
+            if not (isinstance(request.get("env"), dict) and isinstance(request.get("cwd"), str)
+                    and len(request.get("fds", ())) == len(fds) - 3):
+                raise ValueError("malformed request")
             pid = os.fork()
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, AttributeError) as exc:
             _send(report, f"E{type(exc).__name__}: {exc}")
             report.close()
             for fd in fds[1:]:
