@@ -92,13 +92,13 @@ class PipeRegistry:
         """Drop copies held by processes known to be gone: jobs this process started
         that ended, and processes of this host that no longer exist."""
         from .popen import dead_job_tokens
-        tokens = {h["token"] for h in end.holders.values() if h["token"]}
+        tokens = {h["token"] for h in end.holders.values() if h["token"]} | set(end.to_jobs)
         dead = dead_job_tokens(tokens) if tokens else set()
         for proc_id, holder in list(end.holders.items()):
             if holder["token"] in dead or not _alive_here(proc_id):
                 end.drop(proc_id)
                 end.lost = True
-        for token in dead_job_tokens(set(end.to_jobs)) if end.to_jobs else ():
+        for token in dead & set(end.to_jobs):
             end.in_transit -= end.to_jobs.pop(token)  # died before unpickling its copy
             end.lost = True
 

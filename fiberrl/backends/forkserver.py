@@ -37,8 +37,10 @@ start-up environment, not its own: ``fiberrl ps`` reads the job's name there.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
+import logging
 import os
 import stat
 import select
@@ -48,6 +50,8 @@ import sys
 import tempfile
 import traceback
 from typing import Callable, Dict, List, Optional, Tuple
+
+logger = logging.getLogger(__name__)
 
 #: set in the server's environment; forked jobs show it too in ``/proc/<pid>/environ``
 MARKER_ENV = "FIBERRL_FORKSERVER"
@@ -89,29 +93,31 @@ def read_table(pid: int) -> Optional[dict]:
         return None
 
 
-def _record(pid: int, env: Dict[str, str]) -> None:
-    if not _table["usable"]:
-        return
-    path = os.path.join(table_dir(), str(pid))
-    try:
-        with open(path + ".tmp", "w") as fh:
-            json.dump({"name": env.get("FIBERRL_JOB_NAME", "job"),
-                       "run": env.get("FIBERRL_RUN_ID", "")}, fh)
-        os.replace(path + ".tmp", path)
-    except OSError:
-        pass  # the table only serves `fiberrl ps`; a job runs without it
+class _JobTable:
+    """The server's record of its jobs' names for ``fiberrl ps`` (a file per pid).
 
+    Best effort: a job runs whether or not its line could be written.
+    """
 
-def _forget(pid: int) -> None:
-    if not _table["usable"]:
-        return
-    try:
-        os.unlink(os.path.join(table_dir(), str(pid)))
-    except OSError:
-        pass
+    def __init__(self) -> None:
+        self.usable = _make_table_dir()
 
+    def record(self, pid: int, env: Dict[str, str]) -> None:
+        if not self.usable:
+            return
+        path = os.path.join(table_dir(), str(pid))
+        try:
+            with open(path + ".tmp", "w") as fh:
+                json.dump({"name": env.get("FIBERRL_JOB_NAME", "job"),
+                           "run": env.get("FIBERRL_RUN_ID", "")}, fh)
+            os.replace(path + ".tmp", path)
+        except OSError as exc:
+            logger.warning("fork server: cannot record job %d for `fiberrl ps`: %s", pid, exc)
 
-_table = {"usable": False}
+    def forget(self, pid: int) -> None:
+        if self.usable:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(table_dir(), str(pid)))
 
 
 class _Server:
@@ -119,6 +125,8 @@ class _Server:
 
     def __init__(self, control: socket.socket) -> None:
         self.pid = os.getpid()
+        self.table = _JobTable()
+        self.prctl = _load_prctl()
         self.control: Optional[socket.socket] = control
         self.reports: Dict[int, socket.socket] = {}
         self.wake_r, self.wake_w = os.pipe()
@@ -135,14 +143,12 @@ class _Server:
         poller.register(self.control.fileno(), select.POLLIN)
         while self.control is not None or self.reports:
             for fd, _ in poller.poll():
-                if fd == self.wake_r:
-                    self._reap()
-                elif self.control is not None and fd == self.control.fileno():
+                if self.control is not None and fd == self.control.fileno():
                     if not self._take_request():
                         poller.unregister(fd)
                         self.control.close()
                         self.control = None
-            self._reap()  # a job may end before its SIGCHLD's wake-up is read
+            self._reap()  # after a SIGCHLD's wake-up, or a job that ended meanwhile
 
     def _take_request(self) -> bool:
         """Serve one request; False when the parent closed the control socket."""
@@ -177,7 +183,7 @@ class _Server:
             os.close(fd)  # the job holds them now (its sentinel fires when *it* exits)
         self.reports[pid] = report
         _send(report, f"P{pid}")
-        _record(pid, request["env"])
+        self.table.record(pid, request["env"])
         return True
 
     def _reap(self) -> None:
@@ -193,19 +199,27 @@ class _Server:
                 return
             if pid == 0:
                 return
-            _forget(pid)
+            self.table.forget(pid)
             report = self.reports.pop(pid, None)
             if report is not None:
                 _send(report, f"X{os.waitstatus_to_exitcode(status)}")
                 report.close()
 
     # -- in the forked child ----------------------------------------------------------
+    def _die_with_server(self) -> None:
+        """Have the kernel kill this job if the server dies (Linux ``PR_SET_PDEATHSIG``):
+        nobody else could reap it or report its exit code, and it must not run on unseen."""
+        if self.prctl is not None:
+            self.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != self.pid:  # the server died before the request took effect
+                os._exit(1)
+
     def _become_job(self, request: dict, report: socket.socket, out_fd: int, err_fd: int,
                     passed: List[int]) -> None:
         """Turn this fresh fork into the job the request describes, run it, exit."""
         code = 1
         try:
-            _die_with(self.pid)
+            self._die_with_server()
             report.close()
             for sock in self.reports.values():
                 sock.close()
@@ -220,14 +234,9 @@ class _Server:
             _place_fds(passed, request["fds"])
             os.environ.clear()
             os.environ.update(request["env"])
-            cwd = request["cwd"]
-            try:
-                os.chdir(cwd)
-            except OSError:
-                pass  # fiberrl.spawn tells when the parent's directory is missing
             from fiberrl import spawn
             sys.argv = [spawn.__file__]
-            sys.path[0] = cwd
+            sys.path[0] = request["cwd"]  # as `python -m` would; spawn.main changes there
             code = spawn.main()
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -235,15 +244,6 @@ class _Server:
             traceback.print_exc()
         finally:
             _exit(code)
-
-
-def _die_with(server_pid: int) -> None:
-    """Have the kernel kill this job if the server dies (Linux ``PR_SET_PDEATHSIG``):
-    nobody else could reap it or report its exit code, and it must not run on unseen."""
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != server_pid:  # the server died before the request took effect
-            os._exit(1)
 
 
 def _load_prctl() -> Optional[Callable[..., int]]:
@@ -258,7 +258,6 @@ def _load_prctl() -> Optional[Callable[..., int]]:
 
 
 _PR_SET_PDEATHSIG = 1
-_prctl: Optional[Callable[..., int]] = None
 
 
 def _send(sock: socket.socket, text: str) -> None:
@@ -306,10 +305,7 @@ def _exit(code: int) -> None:
 
 def main(argv: Tuple[str, ...] = tuple(sys.argv[1:])) -> None:
     """``python -m fiberrl.backends.forkserver CONTROL_FD [MODULE...]``."""
-    global _prctl
     control = socket.socket(fileno=int(argv[0]))
-    _table["usable"] = _make_table_dir()
-    _prctl = _load_prctl()
     import importlib
     for name in PRELOAD:
         importlib.import_module(name)

@@ -8,6 +8,7 @@ job's own socket.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -25,6 +26,11 @@ logger = logging.getLogger(__name__)
 #: environment variables an interpreter reads only when it starts
 _START_UP_PREFIXES = ("PYTHON", "LD_")
 _SPAWN_ARGS = ["-m", "fiberrl.spawn"]
+
+
+def forkable(command: Sequence[str]) -> bool:
+    """Whether ``command`` runs fiberrl's job entry point (what a fork server runs)."""
+    return list(command[1:]) == _SPAWN_ARGS
 
 
 class ForkServerError(OSError):
@@ -113,23 +119,18 @@ class ForkServer:
         self._send_lock = threading.Lock()
         logger.debug("started fork server %d for %s", self.process.pid, python)
 
-    def serves(self, command: Sequence[str], env: Dict[str, str]) -> bool:
-        """Whether a job of ``command`` with ``env`` can be forked here now: a fiberrl
-        job of this interpreter whose start-up variables match the server's, and the
-        server has finished its imports (until then, forking would wait for them)."""
-        return (list(command) == [self.python, *_SPAWN_ARGS]
-                and _start_up_env(env) == self._start_up and self.ready())
+    def serves(self, env: Dict[str, str]) -> bool:
+        """Whether a job with ``env`` can be forked here now: its start-up variables
+        match the server's, and the server has finished its imports (until then,
+        forking would wait for them)."""
+        return _start_up_env(env) == self._start_up and self.ready()
 
     def ready(self) -> bool:
         """Whether the server has imported what jobs need and takes requests."""
         with self._send_lock:
             if not self._ready and self._control is not None:
-                try:
+                with contextlib.suppress(OSError):  # nothing yet, or the server is gone
                     self._ready = self._control.recv(16, socket.MSG_DONTWAIT) == READY
-                except (BlockingIOError, InterruptedError):
-                    pass
-                except OSError:
-                    pass
         return self._ready and self.alive()
 
     def alive(self) -> bool:

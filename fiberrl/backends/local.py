@@ -24,7 +24,7 @@ from ..errors import BackendError
 from . import addresses
 from .base import RUN_ENV, Backend, Job, JobInfo, JobSpec, JobState, JobStatus
 from .forkserver import MARKER_ENV, read_table
-from .forkserver_client import ForkedJob, fork_server
+from .forkserver_client import ForkedJob, fork_server, forkable
 
 logger = logging.getLogger(__name__)
 
@@ -162,11 +162,11 @@ class LocalBackend(Backend):
     def _fork(spec: JobSpec, env: Dict[str, str]) -> Optional[Tuple[ForkedJob, Any, Any]]:
         """Fork the job from the fork server; None if it should be exec'd instead."""
         cfg = get_config()
-        if not cfg.forkserver or spec.command[1:] != ["-m", "fiberrl.spawn"]:
+        if not cfg.forkserver or not forkable(spec.command):
             return None
         try:
             server = fork_server(spec.command[0])
-            if server is None or not server.serves(spec.command, env):
+            if server is None or not server.serves(env):
                 return None
             handle, out_r, err_r = server.start_job(env, spec.cwd, spec.pass_fds,
                                                     timeout=cfg.start_timeout)
