@@ -147,7 +147,7 @@ def main():
     row("Queue 1->1, 16 MiB numpy arrays", std, ours, "MiB/s", ours / std,
         "target: fiberrl/stdlib >= 2")
 
-    repeats = max(5, int(20 * scale))
+    repeats = max(10, int(20 * scale))  # the first 2-3 fiberrl starts warm the fork server up
     std, ours = start_join(spawn, repeats), start_join(fiberrl, repeats)
     row("Process start + join (p50), main imports numpy", std, ours, "ms", ours / std,
         "target: fiberrl/stdlib-spawn <= 1")
@@ -158,15 +158,10 @@ def main():
     std = start_join_bare("forkserver", repeats)
     row("  the same, stdlib with its forkserver method", std, ours, "ms", ours / std,
         "fiberrl/stdlib-forkserver, for reference")
-    spin = os.environ.get("FIBERRL_SPIN_WAIT_US")
-    os.environ["FIBERRL_SPIN_WAIT_US"] = "0"
+    fiberrl.init(spin_wait_us=0)  # jobs inherit it
     try:
-        fiberrl.init()
         std, ours = statistics.median(stds), pipe_pingpong(fiberrl, int(2000 * scale))
     finally:
-        os.environ.pop("FIBERRL_SPIN_WAIT_US")
-        if spin is not None:
-            os.environ["FIBERRL_SPIN_WAIT_US"] = spin
         fiberrl.init()
     row("Pipe ping-pong p50, fiberrl without spinning", std, ours, "us", ours / std,
         "for reference: spin_wait_us=0")
