@@ -187,11 +187,9 @@ class _Server:
         return True
 
     def _reap(self) -> None:
-        try:
+        with contextlib.suppress(BlockingIOError):  # drained
             while os.read(self.wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
+                continue
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -296,10 +294,8 @@ def _exit(code: int) -> None:
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(Exception):  # a closed or broken stream: nothing to do
                 stream.flush()
-            except Exception:
-                pass
         os._exit(code)
 
 
@@ -310,10 +306,8 @@ def main(argv: Tuple[str, ...] = tuple(sys.argv[1:])) -> None:
     for name in PRELOAD:
         importlib.import_module(name)
     for name in argv[1:]:  # the user's (set_forkserver_preload): skipped if missing
-        try:
+        with contextlib.suppress(ImportError):
             importlib.import_module(name)
-        except ImportError:
-            pass
     control.send(READY)
     _Server(control).serve()
 

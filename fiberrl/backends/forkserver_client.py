@@ -84,10 +84,8 @@ class ForkedJob:
             else:  # the server died: the kernel killed the job with it (PR_SET_PDEATHSIG);
                 # where that is not available, kill it here: nobody could reap it
                 logger.warning("the fork server of job %d died; the job dies with it", self.pid)
-                try:
+                with contextlib.suppress(OSError):  # already gone
                     os.kill(self.pid, signal.SIGKILL)
-                except OSError:
-                    pass
                 self.returncode = -signal.SIGKILL
             return self.returncode
 
@@ -159,16 +157,19 @@ class ForkServer:
                 socket.send_fds(self._control, [request], fds)
         except OSError as exc:
             report.close()
-            _close(out_r, err_r)
+            os.close(out_r)
+            os.close(err_r)
             raise ForkServerError(f"cannot reach the fork server: {exc}") from exc
         finally:
             report_theirs.close()  # in flight or delivered: the server holds it now
-            _close(out_w, err_w)
+            os.close(out_w)
+            os.close(err_w)
         try:
             pid = _read_pid(report, timeout)
         except ForkServerError:
             report.close()
-            _close(out_r, err_r)
+            os.close(out_r)
+            os.close(err_r)
             raise
         return ForkedJob(pid, report), out_r, err_r
 
@@ -195,14 +196,6 @@ def _read_pid(report: socket.socket, timeout: float) -> int:
     if answer.startswith("P"):
         return int(answer[1:])
     raise ForkServerError(f"the fork server could not fork: {answer[1:] or 'it exited'}")
-
-
-def _close(*fds: int) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
 
 
 _preload: List[str] = []
