@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_pool  # noqa: E402  (pins BLAS threads before numpy loads)
 
 import fiberrl  # noqa: E402
-from fiberrl.transport import default_listen_host  # noqa: E402
+from fiberrl._wire.sockets import default_listen_host  # noqa: E402
 
 WAIT_S = 120.0
 # One process uses both backends: its hub must listen where containers reach it.

@@ -62,7 +62,7 @@ class Config:
     parent_grace: float = 3.0
     """Seconds a job waits after losing its parent's hub before it exits (no orphans)."""
     heartbeat_interval: float = 1.0
-    """Seconds between transport heartbeats (dead-peer detection across hosts)."""
+    """Seconds between heartbeats (dead-peer detection across hosts)."""
     heartbeat_timeout: float = 10.0
     """Seconds without a heartbeat after which a peer connection is considered dead."""
     spin_wait_us: float = 50.0

@@ -5,18 +5,18 @@ Data flow::
     end A (process P)                                      end B (process C)
     Outbox ----- stream (Unix socket on one host, TCP) -----> Inbox
     Inbox  <---------------------- stream -------------------- Outbox
-            \\___ rendezvous: "pipe" service on the hub of the creating process ___/
+            \\___ rendezvous: "pipe" service of the creating process    ___/
                  (where does each end live? mailbox for messages sent before it knew)
 
 An end becomes *active* in a process when it is first used there, or at once when it
 is unpickled in another process: it opens an :class:`~fiberrl.pipe_inbox.Inbox` behind
 this process's acceptor and registers the acceptor's addresses with the creator's
-hub, receiving any messages that were left in its mailbox. A sender whose peer is not
-active yet leaves messages in the peer's mailbox (the hub answers "stored" or "the
+registry, receiving any messages that were left in its mailbox. A sender whose peer is not
+active yet leaves messages in the peer's mailbox (the registry answers "stored" or "the
 peer is now at X"), so order is kept: mailbox messages are handed over at
 registration, before any direct message can arrive. The streams themselves, their
 set-up and their authentication are described in :mod:`fiberrl.pipe_wire`; the
-rendezvous and the mailbox go over the hub's ZeroMQ sockets.
+rendezvous and the mailbox are calls to the creating process's "pipe" service.
 
 Two ends in one process hand messages over in memory (a message sent is at once
 readable, and sending never blocks on a reader that is the sender's own thread).
@@ -46,9 +46,10 @@ import weakref
 from multiprocessing import BufferTooShort
 from typing import Any, Deque, List, Optional, Tuple
 
-from . import reduction, transport
-from .pipe_inbox import Inbox, acceptor
-from .pipe_wire import LocalOutbox, Outbox
+from . import reduction
+from ._runtime.rpc import client_for
+from ._wire.sockets import local_hostname
+from .pipe_inbox import Inbox, LocalOutbox, Outbox, pipe_ends
 from .rendezvous import pipe_registry
 
 logger = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ _proc = {"pid": None, "id": None}
 def _process_id() -> str:
     """A name for this process that no other process anywhere shares."""
     if _proc["pid"] != os.getpid():
-        _proc["pid"], _proc["id"] = os.getpid(), f"{transport.local_hostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        _proc["pid"], _proc["id"] = os.getpid(), f"{local_hostname()}:{os.getpid()}:{secrets.token_hex(4)}"
     return _proc["id"]
 
 
@@ -86,7 +87,7 @@ def Pipe(duplex: bool = True) -> Tuple["Connection", "Connection"]:
     """
     registry = pipe_registry()
     pipe_id = registry.create()
-    address = registry.hub.address
+    address = registry.runtime.address
     first = Connection(pipe_id, 0, address, readable=True, writable=duplex)
     second = Connection(pipe_id, 1, address, readable=duplex, writable=True)
     return first, second
@@ -116,8 +117,8 @@ class Connection:
     def __reduce__(self):
         self._check_open()
         self._shipped = True
-        from .jobenv import shipping_token
-        transport.client_for(self._registry).cast("pipe", "ship", self._pipe_id, self._end,
+        from ._runtime.jobenv import shipping_token
+        client_for(self._registry).cast("pipe", "ship", self._pipe_id, self._end,
                                                   shipping_token())
         if self._pid == os.getpid():
             self._hand_over()
@@ -132,13 +133,13 @@ class Connection:
     def _activate(self, arrived: bool = False) -> None:
         if self._pid == os.getpid():
             return
-        from .jobenv import current_job_token
-        streams = acceptor()
+        from ._runtime.jobenv import current_job_token
+        streams = pipe_ends()
         inbox = Inbox()
         streams.add(self._pipe_id, self._end, inbox)  # streams may arrive once registered
-        loc = dict(streams.location, proc=_process_id())
+        loc = {"address": streams.address, "proc": _process_id()}
         try:
-            (kinds, counts, peer), body = transport.client_for(self._registry).call(
+            (kinds, counts, peer), body = client_for(self._registry).call(
                 "pipe", "register", self._pipe_id, self._end, loc, loc["proc"],
                 current_job_token(), arrived)
         except BaseException:
@@ -159,11 +160,11 @@ class Connection:
         """A sender to the peer end at ``loc``; ``OSError`` if it is not there."""
         peer_end = 1 - self._end
         if loc["proc"] == _process_id():
-            inbox = acceptor().inbox(self._pipe_id, peer_end)
+            inbox = pipe_ends().inbox(self._pipe_id, peer_end)
             if inbox is None:
                 raise ConnectionRefusedError("the other end is no longer active in this process")
             return LocalOutbox(inbox)
-        return Outbox.open(loc, self._pipe_id, peer_end)
+        return Outbox.open(loc["address"], self._pipe_id, peer_end)
 
     def _connect(self, loc: dict) -> bool:
         """Open a stream to the peer end at ``loc``; False (and suspicious) on failure."""
@@ -192,7 +193,7 @@ class Connection:
         if not force and now - self._last_lookup < _LOOKUP_INTERVAL:
             return
         self._last_lookup = now
-        (loc, holders, lost), _ = transport.client_for(self._registry).call(
+        (loc, holders, lost), _ = client_for(self._registry).call(
             "pipe", "lookup", self._pipe_id, 1 - self._end)
         if loc is not None:
             if loc != self._peer_loc or self._outbox is None:
@@ -245,16 +246,23 @@ class Connection:
     # -- sending ---------------------------------------------------------------------
     def _send_frames(self, kind: bytes, frames: List[Any]) -> None:
         self._activate()
+        if self._peer_gone and kind != _CLOSE:
+            raise BrokenPipeError("the other end of the pipe is closed")
         for _ in range(_SEND_ATTEMPTS):
             if self._outbox is None:
-                (answer, peer), _ = transport.client_for(self._registry).call(
+                (answer, peer), _ = client_for(self._registry).call(
                     "pipe", "mail", self._pipe_id, 1 - self._end, kind, body=frames)
                 if answer == "stored":
                     return
+                if answer == "closed":
+                    self._peer_gone = True
+                    raise BrokenPipeError("the other end of the pipe is closed")
                 if not self._connect(peer):
                     self._check_peer_there()
                     continue
             try:
+                if self._outbox.hung_up():   # the copy it led to closed or moved on
+                    raise ConnectionResetError("the other end's stream ended")
                 self._outbox.send(kind, frames)
                 return
             except OSError as exc:
@@ -406,7 +414,7 @@ class Connection:
 
     def _close_inbox(self) -> None:
         if self._inbox is not None:
-            acceptor().remove(self._pipe_id, self._end, self._inbox)
+            pipe_ends().remove(self._pipe_id, self._end, self._inbox)
             self._inbox.close()
             self._inbox = None
 
@@ -433,7 +441,7 @@ class Connection:
         if self._pid == os.getpid():
             self._inbox.drain(self._pending)
         unread = list(self._pending)
-        (remaining,), _ = transport.client_for(self._registry).call(
+        (remaining,), _ = client_for(self._registry).call(
             "pipe", "release", self._pipe_id, self._end, _process_id(),
             [kind for kind, _ in unread], [len(body) for _, body in unread],
             keep, body=[frame for _, body in unread for frame in body], timeout=10.0)
@@ -445,7 +453,7 @@ class Connection:
 
     def _close_unused(self) -> None:
         """Closing a copy never used nor sent anywhere: the peer gets EOF."""
-        client = transport.client_for(self._registry)
+        client = client_for(self._registry)
         (answer, loc), _ = client.call("pipe", "mail", self._pipe_id, 1 - self._end, _CLOSE,
                                        timeout=10.0)
         if answer == "peer":

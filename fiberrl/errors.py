@@ -101,6 +101,12 @@ class ManagerConnectionError(ConnectionError, EOFError):
     """
 
 
+class OwnerGoneError(ProcessError, ConnectionError):
+    """The process that owns a shared object (a queue, a pipe's rendezvous, a lock's
+    server) is gone: it exited, or its host became unreachable. Raised by the calls
+    that needed it instead of hanging."""
+
+
 class ForgedMessageError(ConnectionError, EOFError):
     """A peer on an authenticated stream sent a message that failed its MAC or was
     malformed: the stream is dropped and nothing in it is unpickled."""

@@ -31,7 +31,7 @@ from multiprocessing import process as mp_process
 from multiprocessing import util as mp_util
 from typing import Any, Callable, Dict, Optional
 
-from . import transport
+from ._wire.sockets import default_listen_host
 from .errors import ProcessError
 from .manager_connections import (ManagedConnection, codec, set_keepalive, local_name,
                                   open_connection)
@@ -174,7 +174,7 @@ class Server(mp_managers.Server):
         super().__init__(registry, address, authkey, "pickle")
         self.serializer = serializer
         if isinstance(self.address, tuple) and self.address[0] in ("0.0.0.0", "", "::"):
-            self.address = (transport.default_listen_host(), self.address[1])
+            self.address = (default_listen_host(), self.address[1])
         self.local_listener: Any = None
         self.stop_event = threading.Event()
         # re-entrant: a finalizer may drop a reference while this thread holds it

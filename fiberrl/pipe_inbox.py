@@ -1,16 +1,19 @@
-"""Where a pipe end receives: its :class:`Inbox`, and the process's :class:`Acceptor`.
+"""Where a pipe end receives: its :class:`Inbox`, and the :class:`PipeEnds` of a process.
 
 Data flow::
 
-    sender in another process --stream--> [Acceptor thread: set-up, proof] --attach--> Inbox
-    sender in this process ----------------------- deliver_local ----------------------> Inbox
-                                                                        recv() reads it here
+    sender in another process --stream "pipe:<id>:<end>"--> runtime's acceptor
+                                  (set-up, proof)  --> PipeEnds --attach--> Inbox
+    sender in this process ------------------- deliver_local -----------------> Inbox
+                                                                  recv() reads it here
 
-One acceptor thread per process listens on a Unix socket (abstract name, for peers on
-this host) and on TCP (for the rest), checks each new stream's proof of the run's
-secret and hands it to the inbox of the pipe end it names. From then on the thread
-that calls ``recv`` reads the stream itself: the acceptor only ever sees set-ups, so a
-busy receiver never stalls a connecting sender.
+A sender opens an authenticated stream to the receiving process's runtime (one
+listener per process) with the label of the pipe end it wants; the acceptor checks
+the proof and hands the stream to that end's inbox, or answers "not here" when the
+end is not active in that process (it was handed on or closed). From then on the
+thread that calls ``recv`` reads the stream itself: the I/O loop only ever sees
+set-ups, so a busy receiver never stalls a connecting sender, and a message costs no
+thread switch.
 
 An inbox waits on one epoll set (its streams, a wake-up pipe for senders in this
 process, and optionally the end's own outbox, whose stream breaking is news too), so
@@ -28,25 +31,23 @@ from __future__ import annotations
 
 import collections
 import functools
-import hmac
 import logging
 import os
-import secrets
 import select
 import socket
 import threading
 import time
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
-from . import transport
+from ._runtime.runtime import Runtime, existing_service, service
+from ._wire.auth import Verifier
+from ._wire.framing import FrameReader, Message
+from ._wire.sockets import Address, wait_for
+from ._wire.stream import Stream, open_stream
 from .errors import ForgedMessageError
-from .pipe_wire import (ACK, NONCE_BYTES, PROOF_BYTES, FrameReader, Message, proof,
-                        session_key)
 
 logger = logging.getLogger(__name__)
 
-_SETUP_TIMEOUT = 10.0
-_HELLO_FIXED = NONCE_BYTES + PROOF_BYTES + 1
 
 
 def _spin_budget() -> float:
@@ -85,13 +86,13 @@ class Inbox:
         return self._epoll.fileno()
 
     # -- called from other threads ---------------------------------------------------
-    def attach(self, sock: socket.socket, key: bytes, initial: bytes) -> bool:
-        """Take a new authenticated stream (acceptor thread); False if closed."""
+    def attach(self, sock: socket.socket, recv_key: bytes, initial: bytes) -> bool:
+        """Take a new authenticated stream (the I/O loop); False if closed."""
         with self._lock:
             if self.closed:
                 return False
             sock.setblocking(False)
-            reader = FrameReader(sock, key, initial)
+            reader = FrameReader(sock, Verifier(recv_key), initial)
             self._readers[sock.fileno()] = reader
             self._epoll.register(sock.fileno(), select.EPOLLIN)
             if initial:
@@ -219,41 +220,14 @@ class Inbox:
         os.close(self._wake_w)
 
 
-class _Hello:
-    """A stream in set-up: the acceptor's nonce sent, the connector's answer awaited."""
+class PipeEnds:
+    """The pipe ends active in this process, reached over the runtime's "pipe" route."""
 
-    __slots__ = ("sock", "nonce", "data", "deadline")
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock, self.nonce, self.data = sock, os.urandom(NONCE_BYTES), b""
-        self.deadline = time.monotonic() + _SETUP_TIMEOUT
-
-
-class Acceptor:
-    """This process's listening sockets for pipe streams, served by one thread."""
-
-    def __init__(self, host: str) -> None:
-        self.pid = os.getpid()
+    def __init__(self, rt: Runtime) -> None:
+        self.address: Address = rt.address
         self._inboxes: Dict[Tuple[str, int], Inbox] = {}
         self._lock = threading.Lock()
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._tcp = socket.socket(family, socket.SOCK_STREAM)
-        self._tcp.bind((host, 0))
-        port = self._tcp.getsockname()[1]
-        self._listeners = [self._tcp]
-        self.location = {"tcp": f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}",
-                         "unix": None, "host": transport.local_hostname()}
-        if hasattr(socket, "AF_UNIX") and os.uname().sysname == "Linux":
-            unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            name = f"\0fiberrl-pipes-{os.getpid()}-{secrets.token_hex(6)}"
-            unix.bind(name)
-            self._listeners.append(unix)
-            self.location["unix"] = name
-        for sock in self._listeners:
-            sock.listen(512)
-            sock.setblocking(False)
-        self._thread = threading.Thread(target=self._run, name="fiberrl-pipe-acceptor", daemon=True)
-        self._thread.start()
+        rt.acceptor.route("pipe", self._take)
 
     def add(self, pipe_id: str, end: int, inbox: Inbox) -> None:
         """Route streams for ``(pipe_id, end)`` to ``inbox`` from now on."""
@@ -271,109 +245,69 @@ class Acceptor:
         with self._lock:
             return self._inboxes.get((pipe_id, end))
 
-    def _run(self) -> None:
-        poller = select.epoll()
-        pending: Dict[int, _Hello] = {}
-        for sock in self._listeners:
-            poller.register(sock.fileno(), select.EPOLLIN)
-        listening = {sock.fileno(): sock for sock in self._listeners}
-        while True:
-            wait = 1.0 if pending else -1
-            for fd, _ in poller.poll(wait):
-                if fd in listening:
-                    self._accept(listening[fd], poller, pending)
-                elif fd in pending:
-                    self._answer(pending, fd, poller)
-            now = time.monotonic()
-            for fd, hello in list(pending.items()):
-                if hello.deadline < now:
-                    self._discard(pending, fd, poller)
-
-    def _accept(self, listener: socket.socket, poller: Any, pending: Dict[int, _Hello]) -> None:
-        while True:
-            try:
-                sock, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                logger.warning("pipe acceptor: accept failed: %s", exc)
-                return
-            hello = _Hello(sock)
-            try:
-                sock.setblocking(False)
-                if sock.family != socket.AF_UNIX:
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.send(hello.nonce)  # 16 bytes on a fresh socket: never blocks
-            except OSError:
-                sock.close()
-                continue
-            pending[sock.fileno()] = hello
-            poller.register(sock.fileno(), select.EPOLLIN)
-
-    def _answer(self, pending: Dict[int, _Hello], fd: int, poller: Any) -> None:
-        hello = pending[fd]
-        try:
-            chunk = hello.sock.recv(4096)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            chunk = b""
-        if not chunk:
-            self._discard(pending, fd, poller)
-            return
-        hello.data += chunk
-        if len(hello.data) < _HELLO_FIXED:
-            return
-        size = hello.data[_HELLO_FIXED - 1]
-        if len(hello.data) < _HELLO_FIXED + size:
-            return
-        nonce_c = hello.data[:NONCE_BYTES]
-        given = hello.data[NONCE_BYTES:NONCE_BYTES + PROOF_BYTES]
-        attach = hello.data[_HELLO_FIXED:_HELLO_FIXED + size]
-        rest = hello.data[_HELLO_FIXED + size:]
-        poller.unregister(fd)
-        del pending[fd]
-        if not hmac.compare_digest(given, proof(hello.nonce, nonce_c, attach)):
-            logger.warning("dropped a pipe connection that failed authentication")
-            hello.sock.close()
-            return
-        self._route(hello.sock, attach, session_key(hello.nonce, nonce_c), rest)
-
-    def _route(self, sock: socket.socket, attach: bytes, key: bytes, rest: bytes) -> None:
-        pipe_id, _, end = attach.decode("ascii", "replace").rpartition(":")
+    def _take(self, label: str, sock: socket.socket, send_key: bytes, recv_key: bytes,
+              leftover: bytes) -> bool:
+        _, pipe_id, end = (label.split(":") + ["", ""])[:3]
         inbox = self.inbox(pipe_id, int(end)) if end.isdigit() else None
-        try:
-            if inbox is not None and inbox.attach(sock, key, rest):
-                sock.send(ACK)
-                return
-        except OSError:
-            pass
-        sock.close()  # not active here (handed on or closed): the sender looks again
-
-    @staticmethod
-    def _discard(pending: Dict[int, _Hello], fd: int, poller: Any) -> None:
-        hello = pending.pop(fd)
-        try:
-            poller.unregister(fd)
-        except OSError:
-            pass
-        hello.sock.close()
+        return inbox is not None and inbox.attach(sock, recv_key, leftover)
 
 
-_acceptor_lock = threading.Lock()
-_acceptor: Optional[Acceptor] = None
+def pipe_ends() -> PipeEnds:
+    """This process's active pipe ends (the runtime starts if needed)."""
+    return service("pipe-ends", PipeEnds)
 
 
-def acceptor() -> Acceptor:
-    """This process's acceptor, started on first use on the backend's listen address."""
-    global _acceptor
-    with _acceptor_lock:
-        if _acceptor is None or _acceptor.pid != os.getpid():
-            from .backends import default_backend
-            _acceptor = Acceptor(default_backend().listen_host())
-        return _acceptor
+def existing_pipe_ends() -> Optional[PipeEnds]:
+    """This process's active pipe ends if any were made (starts nothing)."""
+    return existing_service("pipe-ends")
 
 
-def current_acceptor() -> Optional[Acceptor]:
-    """This process's acceptor if one was started (starts nothing)."""
-    return _acceptor if _acceptor is not None and _acceptor.pid == os.getpid() else None
+class Outbox:
+    """The sending side of a stream to another process's inbox for one pipe end."""
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+
+    @classmethod
+    def open(cls, address: Address, pipe_id: str, end: int, timeout: float = 10.0) -> "Outbox":
+        """Connect to the inbox of ``(pipe_id, end)`` in the process at ``address``;
+        ``OSError`` (``ConnectionRefusedError`` when the end is not active there)."""
+        return cls(open_stream(tuple(address), f"pipe:{pipe_id}:{end}", timeout=timeout))
+
+    def fileno(self) -> int:
+        """Readable when the stream ended (the inbox never writes)."""
+        return self.stream.fileno()
+
+    def send(self, kind: bytes, frames: Sequence[Any]) -> None:
+        """Write one message; ``OSError`` if the stream is broken."""
+        self.stream.send(kind, frames)
+
+    def hung_up(self) -> bool:
+        """True once the inbox closed its end (one ``poll`` of no time)."""
+        return wait_for(self.stream.fileno(), timeout=0)
+
+    def close(self) -> None:
+        """Close the stream."""
+        self.stream.close()
+
+
+class LocalOutbox:
+    """Sending to an end active in this same process: straight into its inbox."""
+
+    def __init__(self, inbox: Inbox) -> None:
+        self.inbox = inbox
+
+    def fileno(self) -> Optional[int]:
+        """None: nothing to watch."""
+        return None
+
+    def send(self, kind: bytes, frames: Sequence[Any]) -> None:
+        """Deliver a copy of the message (the sender may change its buffers after)."""
+        self.inbox.deliver_local(kind, [f if isinstance(f, bytes) else bytes(f) for f in frames])
+
+    def hung_up(self) -> bool:
+        """True once that end closed here."""
+        return self.inbox.closed
+
+    def close(self) -> None:
+        """Nothing to close."""

@@ -3,90 +3,43 @@
 Data flow::
 
     Process.start() -> Popen: pickle the process object (cloudpickle), keep it in the
-    hub's "spawn" service under a one-time token, build a JobSpec, backend.create_job()
-    job (python -m fiberrl.spawn) -> hub: "hello token" -> payload -> runs -> "exit code"
+    runtime's "spawn" service under a one-time token, build a JobSpec, backend.create_job()
+    job (python -m fiberrl.spawn) -> spawn.hello(token) -> payload -> runs -> spawn.exit
 
 ``join``/``is_alive``/``exitcode`` combine the backend's view (authoritative: it sees
 OOM kills, signals, cancelled jobs) with the exit code the job reported itself.
 ``sentinel`` is the read end of a pipe whose write end closes when the job ends: on
 backends that share this host the job inherits it (exact, like the stdlib); on the
-others a watcher thread closes it when the backend reports the job finished.
+others the job watch (:mod:`fiberrl._runtime.liveness`) closes it when the backend
+reports the job finished.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import pickle
 import secrets
 import sys
 import threading
-import time
 import weakref
 from multiprocessing import context as _mp_context
 from multiprocessing import util as _mp_util
 from multiprocessing.connection import wait as _wait_fds
-from typing import TYPE_CHECKING, Dict, Iterator, Optional
+from typing import Iterator, Optional
 
-from . import reduction, transport
+from . import reduction
+from ._runtime.jobenv import (JOB_ENV, PARENT_ENV, SENTINEL_ENV, TOKEN_ENV, address_env,
+                              shipping_to)
+from ._runtime.liveness import job_watch
+from ._services.spawn import spawn_service
+from ._wire.auth import secret_env
 from .backends import JobSpec, JobState, default_backend
 from .backends.base import RUN_ENV, run_id
 from .config import INHERITED_ENV, get_config
-from .jobenv import DOOR_ENV, HUB_ENV, JOB_ENV, SENTINEL_ENV, TOKEN_ENV, shipping_to
-
-if TYPE_CHECKING:
-    from .hub import Hub, Request
 
 logger = logging.getLogger(__name__)
-
-def dead_job_tokens(tokens) -> set:
-    """Those of ``tokens`` whose jobs this process started and which have ended."""
-    from .hub import existing_service
-    service = existing_service("spawn")
-    if service is None:
-        return set()
-    dead = set()
-    for token in tokens:
-        popen = service.popens.get(token)
-        if popen is not None and popen.poll() is not None:
-            dead.add(token)
-    return dead
-
-
-class _SpawnService:
-    """Hub service "spawn": hands each job its payload once, records reported exits."""
-
-    def __init__(self, hub: Hub) -> None:
-        self.hub = hub
-        self.pending: Dict[str, tuple] = {}
-        self.popens: "weakref.WeakValueDictionary[str, Popen]" = weakref.WeakValueDictionary()
-        hub.register("spawn", self)
-
-    def __call__(self, op: str, request: Request) -> None:
-        token = request.args[0]
-        if op == "hello":
-            entry = self.pending.pop(token, None)
-            if entry is None:
-                request.fail(LookupError("unknown or already used job token"))
-                return
-            prep, frames = entry
-            popen = self.popens.get(token)
-            if popen is not None:
-                popen._on_hello(pid=request.args[1], host=request.args[2])
-            request.reply(prep, body=frames)
-        elif op == "exit":
-            popen = self.popens.get(token)
-            if popen is not None:
-                popen.reported_exit = request.args[1]
-        else:
-            request.fail(ValueError(f"unknown spawn op {op!r}"))
-
-
-def _spawn_service() -> _SpawnService:
-    from .hub import service
-    return service("spawn", _SpawnService)
 
 
 def _pickle_process(process_obj) -> list:
@@ -152,16 +105,16 @@ class Popen:
         self._lock = threading.Lock()
         cfg = get_config()
         backend = default_backend()
-        service = _spawn_service()
+        service = spawn_service()
         token = secrets.token_hex(12)
         with shipping_to(token):
             frames = _pickle_process(process_obj)
         prep = {"sys_path": list(sys.path), "cwd": os.getcwd(),
                 "log_level": cfg.log_level, "name": process_obj.name}
         read_fd, write_fd = os.pipe()
-        env = {HUB_ENV: service.hub.address, DOOR_ENV: json.dumps(service.hub.door.address),
-               TOKEN_ENV: token, JOB_ENV: process_obj.name, RUN_ENV: run_id(),
-               INHERITED_ENV: _inherited_config(cfg, backend), **transport.secret_env()}
+        env = {PARENT_ENV: address_env(service.runtime.address), TOKEN_ENV: token,
+               JOB_ENV: process_obj.name, RUN_ENV: run_id(),
+               INHERITED_ENV: _inherited_config(cfg, backend), **secret_env()}
         if backend.shares_host:
             env[SENTINEL_ENV] = str(write_fd)
         resources = {"cpu": cfg.cpu, "mem": cfg.mem, "gpu": cfg.gpu,
@@ -173,12 +126,12 @@ class Popen:
                        image=cfg.image, cwd=os.getcwd(),
                        pass_fds=(write_fd,) if backend.shares_host else (),
                        extra={k: v for k, v in resources.items() if k not in ("cpu", "mem", "gpu")})
-        service.pending[token] = (prep, frames)
-        service.popens[token] = self
+        service.add(token, self, prep, frames)
         self._token, self._service, self.backend = token, service, backend
         self.spec, self.sentinel = spec, read_fd
         self._write_fd: Optional[int] = write_fd
         self.finalizer = _mp_util.Finalize(self, _close_fds, (read_fd,))
+        job_watch().watch(token, self)
         batch = getattr(_batch, "popens", None)
         if batch is not None:
             batch.append(self)  # submitted when the submit_together() block ends
@@ -200,8 +153,6 @@ class Popen:
         self.job = job
         if self.backend.shares_host:
             self._close_write_end()  # the job holds its own copy
-        else:
-            _JobWatcher.instance().watch(self)
         self._arm_start_timeout(get_config().start_timeout)
 
     def _not_submitted(self, reason: str) -> None:
@@ -224,9 +175,9 @@ class Popen:
                     popen.reason = f"did not connect back within {seconds:.0f} s"
                     popen.backend.terminate(popen.job, force=True)
 
-        service.hub.call_soon(lambda: service.hub.call_later(seconds, check))
+        service.runtime.reactor.call_later(seconds, check)
 
-    def _on_hello(self, pid: int, host: str) -> None:  # the hub thread
+    def _on_hello(self, pid: int, host: str) -> None:  # the I/O loop
         # In a batch, a job may say hello before the backend has returned every handle.
         self._hello_host = host
         if self.pid is None:
@@ -336,36 +287,3 @@ def _close_fds(*fds: int) -> None:
             os.close(fd)
         except OSError:
             pass
-
-
-class _JobWatcher:
-    """Polls the backend for jobs on other hosts and closes their sentinels when they end."""
-
-    _instance: Optional["_JobWatcher"] = None
-    _lock = threading.Lock()
-
-    def __init__(self) -> None:
-        self._popens: "weakref.WeakSet[Popen]" = weakref.WeakSet()
-        self._thread = threading.Thread(target=self._run, name="fiberrl-job-watcher", daemon=True)
-        self._thread.start()
-
-    @classmethod
-    def instance(cls) -> "_JobWatcher":
-        with cls._lock:
-            if cls._instance is None or not cls._instance._thread.is_alive():
-                cls._instance = cls()
-            return cls._instance
-
-    def watch(self, popen: Popen) -> None:
-        self._popens.add(popen)
-
-    def _run(self) -> None:
-        while True:
-            for popen in list(self._popens):
-                try:
-                    if popen.poll() is not None:
-                        popen._close_write_end()
-                        self._popens.discard(popen)
-                except Exception:
-                    logger.debug("status of job %s failed", popen.job, exc_info=True)
-            time.sleep(0.2)

@@ -42,6 +42,17 @@ class Process(_mp_process.BaseProcess):
         self._resources: Dict[str, Any] = {**_resources.hints_of(target),
                                            **_resources.validate(cpu, mem, gpu, **hints)}
 
+    def __getstate__(self) -> dict:
+        """What travels to the job: everything but the authkey when it is the run's
+        secret, which the job receives once, in its environment."""
+        state = dict(self.__dict__)
+        config = state.get("_config")
+        if config is not None and "authkey" in config:
+            from ._wire.auth import run_secret
+            if bytes(config["authkey"]) == run_secret():
+                state["_config"] = {k: v for k, v in config.items() if k != "authkey"}
+        return state
+
     @staticmethod
     def _Popen(process_obj: "Process"):
         from .popen import Popen

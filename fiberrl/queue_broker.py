@@ -1,15 +1,15 @@
-"""The owner's side of a queue: its :class:`Broker`, inside the "queue" hub service.
+"""The owner's side of a queue: its :class:`Broker`, inside the "queue" service.
 
 Data flow::
 
     put (this process: under the lock) ----------------+
-    put / put_many (hub request from elsewhere) -------+--> Broker.items --> get
+    put / put_many (request from elsewhere) ----------+--> Broker.items --> get
                                                               |
     a remote get's item stays *in flight* until acknowledged -+ (requeued if its
-                                                                 consumer job died)
+                                                                 consumer job ended)
 
-Every broker of a process lives in that process's hub ("queue" service); each
-method runs under the broker's lock, from the hub thread or a local caller. Blocked
+Every broker of a process lives in that process's runtime ("queue" service); each
+method runs under the broker's lock, on the I/O loop or in a local caller. Blocked
 gets are :class:`Waiter` s served first come, first served, local or remote.
 """
 from __future__ import annotations
@@ -23,16 +23,15 @@ import time
 import weakref
 from typing import Any, Deque, Dict, List, Optional
 
-from .hub import Hub, Request, existing_service, service
+from ._runtime.liveness import existing_job_watch, job_watch
+from ._runtime.rpc import Request
+from ._runtime.runtime import Runtime, existing_service, service
 from .queue_feeder import unpack_batch
 
 logger = logging.getLogger(__name__)
 
-_INFLIGHT_CHECK = 0.5
-
-
 class Waiter:
-    """A blocked ``get``: local (a thread here) or remote (a hub request)."""
+    """A blocked ``get``: local (a thread here) or remote (a request)."""
 
     __slots__ = ("request", "token", "event", "item", "timer")
 
@@ -46,8 +45,8 @@ class Waiter:
 class Broker:
     """State of one queue; every method runs under ``self.lock``."""
 
-    def __init__(self, hub: Hub, maxsize: int, joinable: bool) -> None:
-        self.hub = hub
+    def __init__(self, rt: Runtime, maxsize: int, joinable: bool) -> None:
+        self.reactor = rt.reactor
         self.maxsize = maxsize
         self.joinable = joinable
         self.lock = threading.Lock()
@@ -61,7 +60,6 @@ class Broker:
         self.unfinished = 0
         self.inflight: Dict[int, tuple] = {}
         self.inflight_ids = itertools.count(1)
-        self.checking_inflight = False
 
     # -- called with the lock held -------------------------------------------------
     def full(self) -> bool:
@@ -113,21 +111,16 @@ class Broker:
         if waiter.request.answered:
             return False
         if waiter.timer is not None:
-            waiter.timer[2] = None
+            waiter.timer.cancel()
         self._reply_item(waiter.request, waiter.token, frames)
         return True
 
     def _reply_item(self, request: Request, token: Optional[str], frames: List[Any]) -> None:
         flight = next(self.inflight_ids)
         self.inflight[flight] = (token, frames, time.monotonic())
-        self._on_hub(lambda: request.reply(flight, body=frames))
-        self._watch_inflight()
-
-    def _on_hub(self, fn) -> None:
-        if threading.current_thread() is self.hub.thread:
-            fn()
-        else:
-            self.hub.call_soon(fn)
+        request.reply(flight, body=frames)
+        if token and _job_ended(token):  # it ended as we answered: nobody will ack
+            self.requeue_from(token)
 
     def take(self) -> Optional[List[Any]]:
         """Pop the next item, letting a waiting remote put in."""
@@ -140,7 +133,7 @@ class Broker:
             request, body = self.putters.popleft()
             if not request.answered:
                 self.add(body)
-                self._on_hub(request.reply)
+                request.reply()
         return frames
 
     def task_done(self) -> None:
@@ -151,36 +144,38 @@ class Broker:
             self.all_done.notify_all()
             joiners, self.joiners = self.joiners, []
             for request in joiners:
-                self._on_hub(request.reply)
+                request.reply()
 
-    def _watch_inflight(self) -> None:
-        if not self.checking_inflight:
-            self.checking_inflight = True
-            self._on_hub(lambda: self.hub.call_later(_INFLIGHT_CHECK, self._check_inflight))
+    def requeue_from(self, token: str) -> None:
+        """Put back, in order, the items in flight to the job of ``token`` (it ended
+        before acknowledging them)."""
+        for flight, (owner, frames, _) in sorted(self.inflight.items(), reverse=True):
+            if owner == token:
+                del self.inflight[flight]
+                logger.warning("consumer job ended with a queue item in flight; requeued it")
+                self.add(frames, front=True)
 
-    def _check_inflight(self) -> None:
-        """Requeue items in flight to consumer jobs that died (hub thread)."""
-        from .popen import dead_job_tokens
-        with self.lock:
-            dead = dead_job_tokens({token for token, _, _ in self.inflight.values() if token})
-            for flight, (token, frames, _) in sorted(self.inflight.items(), reverse=True):
-                if token in dead:
-                    del self.inflight[flight]
-                    logger.warning("consumer job died with a queue item in flight; requeued it")
-                    self.add(frames, front=True)
-            if self.inflight:
-                self.hub.call_later(_INFLIGHT_CHECK, self._check_inflight)
-            else:
-                self.checking_inflight = False
+
+def _job_ended(token: str) -> bool:
+    jobs = existing_job_watch()
+    return jobs is not None and jobs.ended(token)
 
 
 class QueueService:
-    """Hub service "queue": the brokers of every queue this process created."""
+    """Service "queue": the brokers of every queue this process created."""
 
-    def __init__(self, hub: Hub) -> None:
-        self.hub = hub
+    def __init__(self, rt: Runtime) -> None:
+        self.runtime = rt
+        self.reactor = rt.reactor
         self.brokers: "weakref.WeakValueDictionary[str, Broker]" = weakref.WeakValueDictionary()
-        hub.register("queue", self)
+        self.jobs = job_watch()
+        self.jobs.on_end(self._job_ended)
+        rt.rpc.register("queue", self)
+
+    def _job_ended(self, token: str) -> None:
+        for broker in list(self.brokers.values()):
+            with broker.lock:
+                broker.requeue_from(token)
 
     def __call__(self, op: str, request: Request) -> None:
         broker = self.brokers.get(request.args[0])
@@ -202,7 +197,7 @@ class QueueService:
             else:
                 broker.putters.append((request, body))
                 if timeout is not None:
-                    self.hub.call_later(timeout, lambda: self._expire_put(broker, request))
+                    self.reactor.call_later(timeout, lambda: self._expire_put(broker, request))
 
     def op_put_many(self, broker: Broker, request: Request) -> None:
         items = unpack_batch(request.body, request.args[1], request.args[2])
@@ -226,7 +221,7 @@ class QueueService:
                 waiter = Waiter(request, token)
                 broker.getters.append(waiter)
                 if timeout is not None:
-                    waiter.timer = self.hub.call_later(
+                    waiter.timer = self.reactor.call_later(
                         timeout, lambda: self._expire_get(broker, request))
 
     def _expire_get(self, broker: Broker, request: Request) -> None:
@@ -255,13 +250,13 @@ class QueueService:
 
 
 def queue_service() -> QueueService:
-    """This process's "queue" hub service (the hub and the service start on first use)."""
+    """This process's "queue" service (the runtime and the service start on first use)."""
     return service("queue", QueueService)
 
 
-def owning_broker(qid: str, hub_address: str) -> Optional[Broker]:
+def owning_broker(qid: str, address: tuple) -> Optional[Broker]:
     """The broker itself when this process owns the queue, else None."""
     running = existing_service("queue")
-    if running is None or running.hub.address != hub_address:
+    if running is None or running.runtime.address != tuple(address):
         return None
     return running.brokers.get(qid)

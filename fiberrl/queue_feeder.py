@@ -19,7 +19,7 @@ import threading
 import weakref
 from typing import Any, Deque, List, Optional
 
-from . import transport
+from ._runtime.rpc import RpcClient
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ _BATCH_BYTES = 4 << 20
 
 def pack_batch(batch: List[List[Any]]) -> tuple:
     """Items' frames -> ``(sizes, buffer_counts, body)`` of one ``put_many`` message:
-    the pickle streams joined in the first frame, the one the transport signs in full,
+    the pickle streams joined in the first frame, the one the wire signs in full,
     then the out-of-band buffers as frames of their own, uncopied."""
     sizes = [len(frames[0]) for frames in batch]
     body: List[Any] = [b"".join([frames[0] for frames in batch])]
@@ -61,7 +61,7 @@ class Feeder:
     this process's other operations (``get``, ``qsize``...) can wait for earlier puts.
     """
 
-    def __init__(self, client: transport.HubClient, qid: str) -> None:
+    def __init__(self, client: RpcClient, qid: str) -> None:
         self.client, self.qid, self.pid = client, qid, os.getpid()
         self.cancelled = False
         self._pending: Deque[List[Any]] = collections.deque()

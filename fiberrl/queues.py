@@ -2,22 +2,24 @@
 
 Data flow::
 
-    producer (any process) --put--> [broker of the queue, in the hub of the
+    producer (any process) --put--> [broker of the queue, in the runtime of the
                                       process that created it]  --get--> consumer
     items are kept as authenticated, still-pickled frames; only consumers unpickle.
 
 The creating process owns the broker (a :class:`~fiberrl.queue_broker.Broker` inside
-its hub's "queue" service); other processes' puts go through a
-:class:`~fiberrl.queue_feeder.Feeder` thread. In that process, ``put`` and ``get`` touch the broker directly under a lock
+its runtime's "queue" service); other processes' puts go through a
+:class:`~fiberrl.queue_feeder.Feeder` thread. In that process, ``put`` and ``get``
+touch the broker directly under a lock
 (no sockets); elsewhere, ``put`` on an unbounded queue is one-way (``cast``) and
 ``get`` is one request/reply. Waiting ``get``s are served first come, first served,
-whether local or remote; a blocked remote ``get`` is answered by the hub when an
+whether local or remote; a blocked remote ``get`` is answered by the owner when an
 item arrives or its timeout expires.
 
 Delivery: an item goes to exactly one ``get``. An item sent to a remote consumer is
 kept as *in flight* until the consumer acknowledges it; if that consumer is a job
-started by the owning process and it dies first, the item goes back to the front of
-the queue. ``qsize``/``empty``/``full`` are, as in the stdlib, approximate when other
+started by the owning process and it ends first, the item goes back to the front of
+the queue (the owner hears of the end from its job watch). When the owner itself is
+gone, calls raise :class:`~fiberrl.errors.OwnerGoneError`. ``qsize``/``empty``/``full`` are, as in the stdlib, approximate when other
 processes put and get at the same time.
 """
 from __future__ import annotations
@@ -29,7 +31,8 @@ import secrets
 import threading
 from typing import Any, List, Optional
 
-from . import reduction, transport
+from . import reduction
+from ._runtime.rpc import RpcClient, client_for
 from .queue_broker import Broker, Waiter, owning_broker, queue_service
 from .queue_feeder import Feeder, feeders
 
@@ -50,9 +53,9 @@ class Queue:
             maxsize = 0
         service = queue_service()
         self._qid = secrets.token_hex(8)
-        self._broker_ref = Broker(service.hub, maxsize, self._joinable)
+        self._broker_ref = Broker(service.runtime, maxsize, self._joinable)
         service.brokers[self._qid] = self._broker_ref
-        self._hub_address = service.hub.address
+        self._address = service.runtime.address
         self._maxsize = maxsize
         self._setup()
 
@@ -61,7 +64,7 @@ class Queue:
         self._cancelled = False
         self._pid: Optional[int] = None  # the process _owner and _client were found for
         self._owner: Optional[Broker] = None
-        self._client: Optional[transport.HubClient] = None
+        self._client: Optional[RpcClient] = None
         self._feeder_obj: Optional[Feeder] = None
         self._feeder_lock = threading.Lock()
         self._broker()
@@ -71,10 +74,10 @@ class Queue:
         pid = os.getpid()
         if self._pid != pid:  # first use in this process
             broker = getattr(self, "_broker_ref", None)
-            if broker is None or broker.hub.pid != pid:
-                broker = owning_broker(self._qid, self._hub_address)
+            if broker is None or broker.reactor.pid != pid:
+                broker = owning_broker(self._qid, self._address)
             self._owner = broker
-            self._client = None if broker else transport.client_for(self._hub_address)
+            self._client = None if broker else client_for(self._address)
             self._pid = pid
         return self._owner
 
@@ -95,15 +98,15 @@ class Queue:
             feeder.flush()
 
     def __getstate__(self) -> dict:
-        return {"_qid": self._qid, "_hub_address": self._hub_address, "_maxsize": self._maxsize}
+        return {"_qid": self._qid, "_address": self._address, "_maxsize": self._maxsize}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._broker_ref = owning_broker(self._qid, self._hub_address)
+        self._broker_ref = owning_broker(self._qid, self._address)
         self._setup()
 
     def __repr__(self) -> str:
-        return f"<fiberrl.{type(self).__name__} {self._qid} at {self._hub_address}>"
+        return f"<fiberrl.{type(self).__name__} {self._qid} at {self._address}>"
 
     def _check_closed(self) -> None:
         if self._closed:
@@ -157,7 +160,7 @@ class Queue:
         broker = self._broker()
         if broker is not None:
             return reduction.loads(self._get_local(broker, block, timeout))
-        from .jobenv import current_job_token
+        from ._runtime.jobenv import current_job_token
         self._flush()
         wait = None if (timeout is None or not block) else timeout + 10.0
         (flight,), body = self._client.call("queue", "get", self._qid, block, timeout,

@@ -10,7 +10,7 @@ else through cloudpickle, so lambdas, closures and classes defined in ``__main__
 a REPL or a notebook travel by value.
 
 Never call :func:`loads` on frames that were not authenticated first: unpickling is
-code execution (see :mod:`fiberrl.transport`).
+code execution (see :mod:`fiberrl._wire.framing`).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Hub service "pipe": where each end of each ``Pipe`` lives, and its mailbox.
+"""Service "pipe": where each end of each ``Pipe`` lives, and its mailbox.
 
-Lives in the hub of the process that called ``Pipe()``. For each end it keeps:
+Lives in the runtime of the process that called ``Pipe()``. For each end it keeps:
 
 * ``holders``: the processes holding a copy of the end, by process id, each with
   its inbox addresses (None for a copy that was handed on to another process but
@@ -8,8 +8,9 @@ Lives in the hub of the process that called ``Pipe()``. For each end it keeps:
 * ``mail``: messages sent to the end while no copy was active, and messages a copy
   had not read when it closed (handed back so the next copy reads them, in order).
 
-A sender asks ``mail``: the hub stores the message, or answers with the address of
-the active copy so the sender connects there directly. A closing copy calls
+A sender asks ``mail``: the owner stores the message, answers with the address of
+the active copy so the sender connects there directly, or answers "closed" when the
+end's last copy was closed (the sender raises ``BrokenPipeError``). A closing copy calls
 ``release``: the answer says how many copies stay active, so only the last one
 tells the peer "EOF". A copy being sent to another process (``ship``, counted until
 it arrives and registers) also counts. Copies held by jobs that died, and copies on
@@ -25,14 +26,18 @@ from typing import Dict, List, Optional
 
 import psutil
 
-from . import transport
-from .hub import Hub, Request, service
+from ._runtime.liveness import job_watch
+from ._runtime.rpc import Request
+from ._runtime.runtime import Runtime, service
+from ._wire.sockets import local_hostname
 
 logger = logging.getLogger(__name__)
 
+_CLOSE = b"c"   # the close marker of fiberrl.connection
+
 
 class _End:
-    __slots__ = ("holders", "order", "mail", "in_transit", "to_jobs", "lost")
+    __slots__ = ("holders", "order", "mail", "in_transit", "to_jobs", "lost", "closed")
 
     def __init__(self) -> None:
         self.holders: Dict[str, dict] = {}   # proc_id -> {"loc": ..., "token": ...}
@@ -41,6 +46,7 @@ class _End:
         self.in_transit = 0                  # copies pickled, not yet unpickled
         self.to_jobs: Dict[str, int] = {}    # of those, copies bound for a known job
         self.lost = False                    # a copy died with its process
+        self.closed = False                  # its last copy was closed
 
     def copies(self) -> int:
         """Copies that still count for end-of-file: active ones and ones in transit."""
@@ -62,7 +68,7 @@ class _End:
 def _alive_here(proc_id: str) -> bool:
     """False only for a process id of this host whose process no longer runs."""
     host, pid, _ = proc_id.rsplit(":", 2)
-    if host != transport.local_hostname():
+    if host != local_hostname():
         return True
     try:
         return psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
@@ -71,12 +77,13 @@ def _alive_here(proc_id: str) -> bool:
 
 
 class PipeRegistry:
-    """The "pipe" service of one hub."""
+    """The "pipe" service of one process."""
 
-    def __init__(self, hub: Hub) -> None:
-        self.hub = hub
+    def __init__(self, rt: Runtime) -> None:
+        self.runtime = rt
+        self.jobs = job_watch()
         self.pipes: Dict[str, List[_End]] = {}
-        hub.register("pipe", self)
+        rt.rpc.register("pipe", self)
 
     def create(self) -> str:
         """A new pipe id (its entry is made on first use)."""
@@ -91,9 +98,8 @@ class PipeRegistry:
     def _purge_dead(self, end: _End) -> None:
         """Drop copies held by processes known to be gone: jobs this process started
         that ended, and processes of this host that no longer exist."""
-        from .popen import dead_job_tokens
         tokens = {h["token"] for h in end.holders.values() if h["token"]} | set(end.to_jobs)
-        dead = dead_job_tokens(tokens) if tokens else set()
+        dead = {token for token in tokens if self.jobs.ended(token)}
         for proc_id, holder in list(end.holders.items()):
             if holder["token"] in dead or not _alive_here(proc_id):
                 end.drop(proc_id)
@@ -115,6 +121,7 @@ class PipeRegistry:
                     if not end.to_jobs[token]:
                         del end.to_jobs[token]
             end.drop(proc_id)
+            end.closed = False
             end.holders[proc_id] = {"loc": loc, "token": token}
             end.order.append(proc_id)
             mail, end.mail = end.mail, []
@@ -122,14 +129,18 @@ class PipeRegistry:
                           body=[frame for _, frames in mail for frame in frames])
         elif op == "mail":
             loc = end.location()
+            if request.args[2] == _CLOSE and peer.copies() == 0:
+                peer.closed = True   # the sender's end closed its only, never used copy
             if loc is not None:
                 request.reply("peer", loc)
+            elif end.closed and end.copies() == 0:
+                request.reply("closed", None)
             else:
                 end.mail.append((request.args[2], list(request.body)))
                 request.reply("stored", None)
         elif op == "lookup":
             self._purge_dead(end)
-            request.reply(end.location(), end.copies(), end.lost)
+            request.reply(end.location(), end.copies(), end.lost or end.closed)
         elif op == "ship":
             end.in_transit += 1
             token = request.args[2] if len(request.args) > 2 else None
@@ -141,6 +152,7 @@ class PipeRegistry:
                 end.holders[proc_id]["loc"] = None  # still held here, no longer read here
             else:
                 end.drop(proc_id)
+                end.closed = end.copies() == 0
             returned, position = [], 0
             for kind, count in zip(kinds, counts):
                 returned.append((kind, list(request.body[position:position + count])))
@@ -154,5 +166,5 @@ class PipeRegistry:
 
 
 def pipe_registry() -> PipeRegistry:
-    """This process's pipe registry (starts the hub if needed)."""
+    """This process's pipe registry (starts the runtime if needed)."""
     return service("pipe", PipeRegistry)

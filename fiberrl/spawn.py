@@ -1,61 +1,60 @@
-"""Worker entry point: ``python -m fiberrl.spawn``.
+"""Job entry point: ``python -m fiberrl.spawn``.
 
-1. read the hub address, one-time token and secret from the environment;
-2. say hello to the parent's hub and receive the payload (authenticated);
+1. read the parent's runtime address, the one-time token and the run's secret from
+   the environment (and take the last two out of it);
+2. say hello to the parent's "spawn" service and receive the payload (authenticated);
 3. restore ``sys.path`` and the working directory, unpickle the process object;
-4. watch the parent's hub: if it is gone for ``parent_grace`` seconds, the parent
-   sentinel fires, and after ``parent_grace`` more seconds the job exits (no orphans);
+4. open the watch stream to the parent (:class:`fiberrl._runtime.liveness.ParentWatch`):
+   heartbeats go up it, and if the parent is gone for ``parent_grace`` seconds the
+   parent sentinel fires and the job exits ``parent_grace`` seconds later;
 5. run the process through the stdlib's ``BaseProcess._bootstrap`` (same exit codes,
-   same traceback printing), report the exit code to the hub, exit with it.
+   same traceback printing), report the exit code, deliver what it still owes (queue
+   items, pipe ends' end of file), stop this process's runtime, exit with the code.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
-import socket
 import sys
-import threading
+from multiprocessing import process as _mp_process
 
-from . import jobenv, log, reduction, transport
+from . import log, reduction
+from ._runtime import jobenv
+from ._runtime.jobenv import JOB_ENV, SENTINEL_ENV, TOKEN_ENV, parent_address
+from ._runtime.liveness import ParentWatch, start_parent_watch
+from ._runtime.rpc import client_for
+from ._wire.auth import SECRET_ENV, run_secret
+from ._wire.sockets import local_hostname
 from .config import get_config
-from .jobenv import DOOR_ENV, HUB_ENV, JOB_ENV, SENTINEL_ENV, TOKEN_ENV
-from .parent_watch import watch_over_stream, watch_over_zmq
 
 logger = logging.getLogger(__name__)
 
 
 def _finish_shared_objects() -> None:
-    """Deliver pending queue items, close pipes, stop the hub: only for what this job
-    used (importing those modules just to find nothing would slow every job's exit)."""
-    feeders, connection, hub = (sys.modules.get(f"fiberrl.{name}")
-                                for name in ("queue_feeder", "connection", "hub"))
+    """Deliver pending queue items and close pipe ends: only for what this job used
+    (importing those modules just to find nothing would slow every job's exit)."""
+    feeders, connection = (sys.modules.get(f"fiberrl.{name}")
+                           for name in ("queue_feeder", "connection"))
     if feeders is not None:
         feeders.flush_all()
     if connection is not None:
         connection.close_all()
-    running_hub = hub.current_hub() if hub is not None else None
-    if running_hub is not None:
-        running_hub.stop()
-        running_hub.thread.join(2.0)
 
 
 def main() -> int:
     """Run the job described by the environment; return its exit code."""
-    address, token = os.environ[HUB_ENV], os.environ[TOKEN_ENV]
-    transport.secret()  # read it before it leaves the environment
+    address, token = parent_address(), os.environ[TOKEN_ENV]
+    secret = run_secret()  # read it before it leaves the environment
+    _mp_process.current_process().authkey = secret
     jobenv.set_job_token(token)
-    for name in (TOKEN_ENV, transport.SECRET_ENV):
+    for name in (TOKEN_ENV, SECRET_ENV):
         os.environ.pop(name, None)  # not inherited by grandchildren's user code
     inherited_sentinel = os.environ.pop(SENTINEL_ENV, None)
     cfg = get_config()
     log.configure_worker(cfg.log_level, os.environ.get(JOB_ENV, "job"))
 
-    client = transport.client_for(address)
-    door = json.loads(os.environ.get(DOOR_ENV) or "null")
-    if door:
-        client.know_door(door)
-    (prep,), body = client.call("spawn", "hello", token, os.getpid(), socket.gethostname(),
+    client = client_for(address)
+    (prep,), body = client.call("spawn", "hello", token, os.getpid(), local_hostname(),
                                 timeout=cfg.start_timeout)
     for entry in reversed(prep["sys_path"]):
         if entry not in sys.path:
@@ -65,22 +64,21 @@ def main() -> int:
     except OSError:
         logger.debug("working directory %s does not exist here", prep["cwd"])
     process_obj = reduction.loads(body)
+    if "authkey" not in process_obj._config:  # it travelled in the environment instead
+        process_obj._config["authkey"] = _mp_process.AuthenticationString(secret)
 
     parent_r, parent_w = os.pipe()
-    stop_r, stop_w = os.pipe()
-    watch, where = (watch_over_stream, door) if door else (watch_over_zmq, address)
-    watcher = threading.Thread(target=watch, args=(where, cfg.parent_grace, parent_w, stop_r),
-                               name="fiberrl-parent-watch", daemon=True)
-    watcher.start()
+    watch = ParentWatch(address, token, cfg.parent_grace, cfg.heartbeat_interval, parent_w)
+    start_parent_watch(watch)
     exitcode = process_obj._bootstrap(parent_sentinel=parent_r)
     try:
         client.cast("spawn", "exit", token, exitcode)
-    except Exception:  # zmq.ZMQError or ConnectionError: the parent is gone
+    except OSError:
         pass  # the parent is gone; the backend reports the exit code instead
     _finish_shared_objects()
-    os.write(stop_w, b"x")
-    watcher.join(1.0)
-    transport.flush_and_close()
+    watch.stop()
+    from ._runtime import runtime
+    runtime.stop()
     if inherited_sentinel is not None:
         try:
             os.close(int(inherited_sentinel))

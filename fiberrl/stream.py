@@ -20,7 +20,7 @@ the secret gets nothing unpickled, in either direction. A message is::
 
 The MAC covers the lengths and the header. Buffers (large numpy data, pickle
 streams' out-of-band frames) are length-checked but not hashed, as in
-:mod:`fiberrl.transport`: they are only ever used as buffers by an authenticated
+:mod:`fiberrl._wire.framing`: they are only ever used as buffers by an authenticated
 pickle stream, never unpickled on their own.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ import time
 from hashlib import sha256
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
-from . import transport
+from ._wire.auth import run_secret
 from .errors import ForgedMessageError
 
 __all__ = ["Listener", "Channel", "StreamConnection", "Message"]
@@ -57,11 +57,11 @@ Message = Tuple[tuple, List[memoryview]]
 
 
 def _proof(nonce_a: bytes, nonce_c: bytes) -> bytes:
-    return hmac.new(transport.secret(), b"connect" + nonce_a + nonce_c, sha256).digest()
+    return hmac.new(run_secret(), b"connect" + nonce_a + nonce_c, sha256).digest()
 
 
 def _session_key(nonce_a: bytes, nonce_c: bytes) -> bytes:
-    return hmac.new(transport.secret(), b"session" + nonce_a + nonce_c, sha256).digest()
+    return hmac.new(run_secret(), b"session" + nonce_a + nonce_c, sha256).digest()
 
 
 def _encode(key: bytes, header: tuple, buffers: Sequence[Any]) -> List[memoryview]:

@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 import fiberrl
-from fiberrl import transport
+from fiberrl._wire.sockets import default_listen_host
 
 
 def _children():
@@ -75,7 +75,7 @@ BACKENDS = ("local", "slurm", "docker", "kubernetes")
 
 # Jobs in containers (and on other hosts) must reach this process's hub: listen on
 # this machine's routable address rather than loopback, for every backend alike.
-os.environ.setdefault("FIBERRL_LISTEN_HOST", transport.default_listen_host())
+os.environ.setdefault("FIBERRL_LISTEN_HOST", default_listen_host())
 
 
 def pytest_generate_tests(metafunc):

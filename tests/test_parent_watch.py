@@ -1,47 +1,55 @@
-"""fiberrl.parent_watch: a job's watch over its parent returns when told, and rides out
-a dropped stream while the parent is still there."""
+"""fiberrl._runtime.liveness: a job's watch over its parent sends heartbeats the parent
+hears, rides out a dropped stream while the parent is still there, and stops when told;
+the parent hears of a job's end once, from its sentinel."""
 import os
-import threading
 import time
 
-from fiberrl import parent_watch
-from fiberrl.hub import get_hub
+
+from fiberrl._runtime.liveness import ParentWatch, job_watch
+from fiberrl._runtime.runtime import runtime
 
 
-def _run(watch, where):
-    sentinel_r, sentinel_w = os.pipe()
-    stop_r, stop_w = os.pipe()
-    thread = threading.Thread(target=watch, args=(where, 5.0, sentinel_w, stop_r), daemon=True)
-    thread.start()
-    return thread, sentinel_r, stop_w
+class _FakePopen:
+    """What the job watch reads of a Popen: its backend's host sharing, a sentinel."""
+
+    class backend:
+        shares_host = True
+
+    def __init__(self):
+        self.sentinel, self.write_end = os.pipe()
+        self.code = None
+
+    def poll(self):
+        return self.code
 
 
-def _door_channels(hub):
-    return set(hub.door._channels.values())
-
-
-def _wait_for_new(hub, known):
-    deadline = time.monotonic() + 10
+def _wait(predicate, seconds=10.0):
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        new = _door_channels(hub) - known
-        if new:
-            return new.pop()
-        time.sleep(0.02)
-    return None
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
 
 
-def test_stream_watch_reconnects_and_stops_when_told():
-    hub = get_hub()
-    before = _door_channels(hub)
-    thread, sentinel_r, stop_w = _run(parent_watch.watch_over_stream, hub.door.address)
-    first = _wait_for_new(hub, before)
-    assert first is not None, "the watcher never connected to the door"
-    # the hub drops the watcher's stream (as if it had hiccuped): the watcher comes back
-    hub.call_soon(lambda: first.sock.shutdown(2))
-    assert _wait_for_new(hub, before | {first}) is not None, "the watcher did not reconnect"
-    os.write(stop_w, b"x")
-    thread.join(5)
-    assert not thread.is_alive()
+def test_watch_sends_heartbeats_reconnects_and_stops_when_told():
+    jobs = job_watch()
+    popen = _FakePopen()
+    jobs.watch("t-reconnect", popen)
+    sentinel_r, sentinel_w = os.pipe()
+    address = runtime().address
+    watch = ParentWatch(address, "t-reconnect", grace=5.0, interval=0.05, sentinel_write=sentinel_w)
+    watch.start()
+    assert _wait(lambda: jobs.jobs["t-reconnect"].link is not None), "never connected"
+    first = jobs.jobs["t-reconnect"].link
+    heard = jobs.silence("t-reconnect")
+    assert heard is not None and _wait(lambda: jobs.silence("t-reconnect") < 0.04), \
+        "no heartbeats heard"
+    # the parent drops the job's stream (as if it had hiccuped): the job comes back
+    jobs.reactor.call_soon(lambda: first.close("test"))
+    assert _wait(lambda: jobs.jobs["t-reconnect"].link not in (None, first)), "no reconnect"
+    watch.stop()
+    assert not watch.thread.is_alive()
     os.set_blocking(sentinel_r, False)
     try:
         os.read(sentinel_r, 1)
@@ -50,9 +58,23 @@ def test_stream_watch_reconnects_and_stops_when_told():
         pass  # nothing to read and not closed: the parent still counts as alive
 
 
-def test_zmq_watch_stops_when_told():
-    thread, _, stop_w = _run(parent_watch.watch_over_zmq, get_hub().address)
-    time.sleep(0.3)
-    os.write(stop_w, b"x")
-    thread.join(5)
-    assert not thread.is_alive()
+def test_job_end_is_heard_once_from_the_sentinel():
+    jobs = job_watch()
+    heard = []
+    jobs.on_end(lambda token: heard.append(token) if token == "t-end" else None)
+    popen = _FakePopen()
+    jobs.watch("t-end", popen)
+    assert not jobs.ended("t-end")
+    popen.code = 0
+    os.close(popen.write_end)
+    assert _wait(lambda: heard == ["t-end"])
+    assert jobs.ended("t-end")
+    time.sleep(0.1)
+    assert heard == ["t-end"]
+
+
+def test_a_watch_for_an_unknown_job_is_turned_away():
+    from fiberrl._wire.stream import NotHereError, open_stream
+    import pytest
+    with pytest.raises(NotHereError):
+        open_stream(runtime().address, "watch:nobody")

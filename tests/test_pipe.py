@@ -246,3 +246,44 @@ def test_fileno_counts_messages_already_read_off_the_stream():
     assert wait([a], timeout=1) == [a]
     assert a.recv() == 2
     assert wait([a], timeout=0.1) == []
+
+
+def _close_and_exit(conn):
+    conn.send("closing")
+    conn.close()
+
+
+@pytest.mark.parametrize("end_to_close", [0, 1])
+def test_sending_to_a_closed_end_raises_broken_pipe_every_time(end_to_close):
+    # the stdlib raises BrokenPipeError at once, and again on every later send
+    ends = fiberrl.Pipe()
+    closed, sender = ends[end_to_close], ends[1 - end_to_close]
+    closed.close()
+    for _ in range(3):
+        with pytest.raises(BrokenPipeError):
+            sender.send(1)
+    with pytest.raises(BrokenPipeError):
+        sender.send_bytes(b"x")
+
+
+def test_sending_to_an_end_used_then_closed_raises_broken_pipe():
+    a, b = fiberrl.Pipe()
+    a.send("before")
+    assert b.recv() == "before"
+    b.close()
+    for _ in range(3):
+        with pytest.raises(BrokenPipeError):
+            a.send("after")
+
+
+def test_sending_to_an_end_its_child_closed_raises_broken_pipe():
+    a, b = fiberrl.Pipe()
+    proc = fiberrl.Process(target=_close_and_exit, args=(b,))
+    proc.start()
+    b.close()
+    assert a.recv() == "closing"
+    proc.join(30)
+    assert proc.exitcode == 0
+    for _ in range(3):
+        with pytest.raises(BrokenPipeError):
+            a.send("after")

@@ -26,8 +26,8 @@ def _worker(q):
 
 
 def _die_before_ack(q):
-    from fiberrl import transport
-    transport.HubClient.cast = lambda *args, **kwargs: os._exit(7)  # dies before the ack
+    from fiberrl._runtime.rpc import RpcClient
+    RpcClient.cast = lambda *args, **kwargs: os._exit(7)  # dies before the ack
     q.get()
 
 

@@ -6,7 +6,6 @@ import struct
 import time
 
 import psutil
-import zmq
 
 import fiberrl
 
@@ -25,34 +24,35 @@ def _echo_once(conn):
 
 def _listening_addresses():
     conns = psutil.Process().net_connections(kind="tcp")
-    return [f"tcp://{c.laddr.ip}:{c.laddr.port}" for c in conns if c.status == psutil.CONN_LISTEN]
+    return [(c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
 
 
 def test_unauthenticated_pickles_are_dropped_everywhere(tmp_path):
     marker = str(tmp_path / "pwned")
     queue = fiberrl.Queue()
     a, b = fiberrl.Pipe()
-    a.send("activate")  # start the pipe acceptor too
+    a.send("activate")  # make the pipe ends reachable too
     assert b.recv() == "activate"
+    from fiberrl._runtime.runtime import runtime
     addresses = _listening_addresses()
-    assert len(addresses) >= 2  # the hub and the pipe acceptor
+    assert runtime().address in addresses  # every listener of this process gets the test
 
     evil = pickle.dumps(_Evil(marker))
-    shapes = [[evil], [b"\0" * 32, evil], [b"\0" * 32, evil, evil],
-              [os.urandom(32), pickle.dumps(("queue", "put", 1, "x", True, None)), evil]]
-    ctx = zmq.Context.instance()
+    shapes = [evil, b"\0" * 32 + evil, os.urandom(16) + evil,
+              os.urandom(16) + bytes([3]) + b"rpc" + os.urandom(32) + evil,
+              struct.pack("!cIQ", b"m", 1, len(evil)) + evil + os.urandom(16)]
     for address in addresses:
-        for kind in (zmq.DEALER, zmq.PUSH):
-            sock = ctx.socket(kind)
-            sock.setsockopt(zmq.LINGER, 1000)
-            sock.setsockopt(zmq.SNDTIMEO, 1000)  # a socket-type mismatch never connects
-            sock.connect(address)
-            for frames in shapes:
+        for payload in shapes:
+            with socket.create_connection(address, timeout=3) as sock:
+                nonce = b""
+                while len(nonce) < 16:
+                    nonce += sock.recv(16 - len(nonce))
+                sock.sendall(payload)
                 try:
-                    sock.send_multipart(frames)
-                except zmq.Again:
-                    pass
-            sock.close()
+                    answer = sock.recv(1)
+                except socket.timeout:
+                    answer = b""   # still waiting for a hello that makes sense
+                assert answer != b"\x01", "a peer without the secret was let in"
     time.sleep(1.0)
 
     # the runtime still works, and nothing was unpickled
@@ -84,13 +84,16 @@ def _raw_attempts(address, family, evil, pipe_id):
 
     frame = struct.pack("!cIQ", b"o", 1, len(evil)) + evil + os.urandom(16)
     answers = []
-    for attach in (f"{pipe_id}:0".encode(), f"{pipe_id}:1".encode(), b"x:0"):
+    for label in (f"pipe:{pipe_id}:0".encode(), f"pipe:{pipe_id}:1".encode(), b"rpc"):
         sock = fresh()
         nonce = sock.recv(16)
         assert len(nonce) == 16
-        # a made-up proof for a real pipe end, then a message as a holder would send it
-        sock.sendall(os.urandom(16) + os.urandom(32) + bytes([len(attach)]) + attach + frame)
-        answers.append(sock.recv(1))
+        # a made-up proof for a real stream, then a message as a holder would send it
+        sock.sendall(os.urandom(16) + bytes([len(label)]) + label + os.urandom(32) + frame)
+        try:
+            answers.append(sock.recv(1))
+        except socket.timeout:   # still waiting for a hello that makes sense: no answer
+            answers.append(b"")
         sock.close()
     for payload in (evil, frame, b"\0" * 200 + evil):   # no set-up at all
         sock = fresh()
@@ -100,25 +103,25 @@ def _raw_attempts(address, family, evil, pipe_id):
 
 
 def test_streams_ignore_peers_without_the_secret(tmp_path):
-    from fiberrl.pipe_inbox import current_acceptor
     marker = str(tmp_path / "pwned")
     evil = pickle.dumps(_Evil(marker))
     a, b = fiberrl.Pipe()
     proc = fiberrl.Process(target=_echo_once, args=(b,))
-    proc.start()   # b is now active in the child: its streams go through acceptors
+    proc.start()   # b is now active in the child: its streams go through its runtime
     a.send("first")
     assert a.recv() == "first"
     proc.join(30)
 
-    from fiberrl.hub import get_hub
+    from fiberrl._runtime.runtime import runtime
+    from fiberrl._wire.sockets import unix_name
     targets = []
-    for location in (current_acceptor().location, get_hub().door.address):  # pipes, hub
-        host, _, port = location["tcp"].rpartition(":")
-        targets.append(((host.strip("[]"), int(port)), socket.AF_INET))
-        if location["unix"]:
-            targets.append((location["unix"].removeprefix("unix:"), socket.AF_UNIX))
+    address = runtime().address   # the one listener: rpc, pipes, watch streams
+    targets.append((address, socket.AF_INET))
+    if unix_name(address):
+        targets.append((unix_name(address), socket.AF_UNIX))
     for address, family in targets:
-        assert _raw_attempts(address, family, evil, a._pipe_id) == [b"", b"", b""]
+        answers = _raw_attempts(address, family, evil, a._pipe_id)
+        assert b"\x01" not in answers, f"{address} acknowledged a peer without the secret"
     time.sleep(0.5)
 
     c, d = fiberrl.Pipe()
@@ -137,7 +140,7 @@ def test_streams_ignore_peers_without_the_secret(tmp_path):
 
 
 def test_secret_is_in_the_environment_not_the_command_line():
-    from fiberrl import transport
+    from fiberrl._wire.auth import SECRET_ENV, run_secret
     captured = {}
 
     class Spy(fiberrl.Process):
@@ -159,6 +162,6 @@ def test_secret_is_in_the_environment_not_the_command_line():
     finally:
         backend.create_job = original
     spec = captured["spec"]
-    secret = transport.secret().hex()
-    assert spec.env[transport.SECRET_ENV] == secret
+    secret = run_secret().hex()
+    assert spec.env[SECRET_ENV] == secret
     assert all(secret not in part for part in spec.command)

@@ -264,7 +264,7 @@ class DockerBackend(Backend):
     def listen_host(self) -> str:
         """The host's routable address (containers on the bridge reach it); in a job,
         the container's own address on the route back to its parent."""
-        from ..transport import default_listen_host
+        from .._wire.sockets import default_listen_host
         return addresses.listen_host(self._listen_host, default_listen_host)
 
     # -- the command line -----------------------------------------------------------

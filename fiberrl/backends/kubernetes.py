@@ -35,7 +35,8 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from ..config import get_config
 from ..errors import BackendError
-from .. import transport
+from .._wire.auth import SECRET_ENV, run_secret
+from .._wire.sockets import default_listen_host
 from . import addresses
 from .base import Backend, Job, JobInfo, JobSpec, JobState, JobStatus, run_id, user_name
 from .kubernetes_pods import (POD_IP_ENV, POD_NAME_ENV, POD_UID_ENV, SECRET_KEY, label_value,
@@ -120,7 +121,7 @@ class KubernetesBackend(Backend):
                     "metadata": {"name": self._secret_name,
                                  "labels": {"app": "fiberrl",
                                             "fiberrl/run": label_value(self._run)}},
-                    "stringData": {SECRET_KEY: transport.secret().hex()}}
+                    "stringData": {SECRET_KEY: run_secret().hex()}}
             owner = self._owner()
             if owner:
                 body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod",
@@ -147,7 +148,7 @@ class KubernetesBackend(Backend):
         manifest = pod_manifest(
             spec, name=name, image=spec.image or self._image, namespace=self.namespace,
             run=self._run, user=user_name(), secret_name=self._secret_name,
-            secret_env=transport.SECRET_ENV, python=self._extra.get("k8s_python", "python3"),
+            secret_env=SECRET_ENV, python=self._extra.get("k8s_python", "python3"),
             service_account=self._extra.get("k8s_service_account"), owner=self._owner(),
             volumes=self._extra.get("k8s_volumes") or (),
             working_dir=self._extra.get("k8s_working_dir"),
@@ -243,7 +244,7 @@ class KubernetesBackend(Backend):
         pod_ip = os.environ.get(POD_IP_ENV)
         if pod_ip and addresses.is_local_address(pod_ip):
             return pod_ip
-        return addresses.listen_host(self._listen_host, transport.default_listen_host)
+        return addresses.listen_host(self._listen_host, default_listen_host)
 
     # -- the command line -----------------------------------------------------------------
     def list_jobs(self) -> List[JobInfo]:

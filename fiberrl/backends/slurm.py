@@ -385,7 +385,7 @@ class SlurmBackend(Backend):
     def listen_host(self) -> str:
         """See :mod:`.addresses`; outside a job, the address of the default route (what
         other nodes reach)."""
-        from ..transport import default_listen_host
+        from .._wire.sockets import default_listen_host
         return addresses.listen_host(self._listen_host, default_listen_host)
 
     def close(self) -> None:

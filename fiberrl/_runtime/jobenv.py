@@ -2,20 +2,32 @@
 
 Kept apart from :mod:`fiberrl.popen` so that a job's start-up (``fiberrl.spawn``)
 imports nothing it does not use: every module a job imports is paid for by every job.
+The run's secret travels beside these (:mod:`fiberrl._wire.auth`).
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from typing import Iterator, Optional
 
-HUB_ENV = "FIBERRL_HUB"
-DOOR_ENV = "FIBERRL_HUB_DOOR"   # the parent hub's stream door (the job calls there at once)
+PARENT_ENV = "FIBERRL_PARENT"   # "host:port" of the parent's runtime
 TOKEN_ENV = "FIBERRL_TOKEN"
 JOB_ENV = "FIBERRL_JOB_NAME"
 SENTINEL_ENV = "FIBERRL_SENTINEL_FD"
 
 _current_token: Optional[str] = None
+
+
+def parent_address() -> tuple:
+    """The address of the parent's runtime, from the environment."""
+    host, _, port = os.environ[PARENT_ENV].rpartition(":")
+    return host, int(port)
+
+
+def address_env(address: tuple) -> str:
+    """How an address is written in a job's environment."""
+    return f"{address[0]}:{address[1]}"
 
 
 def current_job_token() -> Optional[str]:

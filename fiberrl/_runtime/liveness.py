@@ -1,0 +1,305 @@
+"""Liveness: how a process learns that a job, a peer or a host is gone. One mechanism.
+
+Every job holds a *watch stream* to its parent's runtime (label ``"watch:<token>"``)
+and sends a heartbeat on it every ``heartbeat_interval`` seconds. That one stream
+answers every question:
+
+* **the parent, about its jobs** (:class:`JobWatch`): a job on this host closes its
+  sentinel pipe when it exits, which the I/O loop sees at once; a job elsewhere is
+  polled through its backend by one thread, at once when its watch stream ends and
+  otherwise every :data:`POLL_INTERVAL` seconds; a job that stops sending heartbeats
+  (stopped, hung in C code, its host cut off) is reported by :meth:`JobWatch.silence`.
+  Whoever cares subscribes with :meth:`JobWatch.on_end` (queue brokers requeue what
+  was in flight to the job, the pipe rendezvous drops its copies, a pool replaces a
+  worker) instead of polling;
+* **the job, about its parent** (:class:`ParentWatch`): the stream ending, or a
+  heartbeat that cannot be written, means the parent may be gone; if no new stream
+  can be opened for ``parent_grace`` seconds, ``parent_process().is_alive()`` turns
+  False and the job exits ``parent_grace`` seconds later (no orphans);
+* **hosts**: every TCP stream has keepalive probes tuned to the same heartbeat
+  settings (:func:`fiberrl._wire.sockets.tune`), so a host that vanishes without a
+  word ends its streams.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import os
+import select
+import threading
+import time
+import weakref
+from typing import Any, Callable, Dict, List, Optional
+
+from .._wire.sockets import Address
+from .._wire.stream import open_stream
+from .link import Link
+from .runtime import Runtime, service
+
+logger = logging.getLogger(__name__)
+
+POLL_INTERVAL = 0.2
+REMEMBERED = 4096
+_HEARTBEAT = b"h"
+
+
+class _Watched:
+    __slots__ = ("popen", "shares_host", "last_heard", "link", "ended", "sentinel")
+
+    def __init__(self, popen: Any) -> None:
+        self.popen = weakref.ref(popen)
+        self.shares_host = popen.backend.shares_host
+        self.last_heard: Optional[float] = None
+        self.link: Optional[Link] = None
+        self.ended = False
+        self.sentinel: Optional[int] = None
+
+
+class JobWatch:
+    """The jobs this process started, and who wants to hear when one ends."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.reactor = rt.reactor
+        self.jobs: Dict[str, _Watched] = {}
+        self._listeners: List[Callable[[str], Any]] = []
+        self._recently_ended: "collections.OrderedDict[str, None]" = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._poll_now = threading.Event()
+        self._poller: Optional[threading.Thread] = None
+        rt.acceptor.route("watch", self._take)
+
+    # -- any thread ------------------------------------------------------------------
+    def watch(self, token: str, popen: Any) -> None:
+        """Watch the job started for ``token`` (its sentinel, or its backend)."""
+        entry = _Watched(popen)
+        with self._lock:
+            self.jobs[token] = entry
+        if entry.shares_host:
+            entry.sentinel = os.dup(popen.sentinel)
+            self.reactor.add_reader(entry.sentinel, functools.partial(self._sentinel, token))
+        else:
+            self._ensure_poller()
+
+    def on_end(self, listener: Callable[[str], Any]) -> None:
+        """Call ``listener(token)`` on the I/O loop when a watched job has ended."""
+        self._listeners.append(listener)
+
+    def ended(self, token: Optional[str]) -> bool:
+        """Whether the job of ``token`` is known to have ended (remembered for the last
+        :data:`REMEMBERED` ended jobs, for messages that arrive after their sender's end)."""
+        if not token:
+            return False
+        entry = self.jobs.get(token)
+        return (entry is not None and entry.ended) or token in self._recently_ended
+
+    def silence(self, token: str) -> Optional[float]:
+        """Seconds since the job's last heartbeat (None before the first)."""
+        entry = self.jobs.get(token)
+        if entry is None or entry.last_heard is None:
+            return None
+        return time.monotonic() - entry.last_heard
+
+    # -- the watch streams (loop) --------------------------------------------------------
+    def _take(self, label: str, sock: Any, send_key: bytes, recv_key: bytes,
+              leftover: bytes) -> bool:
+        token = label.partition(":")[2]
+        entry = self.jobs.get(token)
+        if entry is None or entry.ended:
+            return False
+        if entry.link is not None:
+            entry.link.close("replaced")
+        entry.link = Link(self.reactor, sock, send_key, recv_key, leftover, self._heard,
+                          self._lost, data=token)
+        entry.last_heard = time.monotonic()
+        return True
+
+    def _heard(self, link: Link, kind: bytes, frames: list) -> None:
+        entry = self.jobs.get(link.data)
+        if entry is not None:
+            entry.last_heard = time.monotonic()
+
+    def _lost(self, link: Link, why: str) -> None:
+        entry = self.jobs.get(link.data)
+        if entry is not None and entry.link is link:
+            entry.link = None
+            if not entry.shares_host:
+                self._poll_now.set()  # ask its backend now rather than at the next round
+
+    # -- ends ------------------------------------------------------------------------
+    def _sentinel(self, token: str, delay: float = 0.0) -> None:
+        entry = self.jobs.get(token)
+        if entry is None or entry.ended:
+            return
+        if entry.sentinel is not None:
+            self.reactor.remove(entry.sentinel)
+            os.close(entry.sentinel)
+            entry.sentinel = None
+        popen = entry.popen()
+        if popen is not None and popen.poll() is None:
+            # the pipe closed as the job exits; the kernel has not reaped it yet
+            delay = min(0.2, max(0.001, delay * 2))
+            self.reactor.call_later(delay, lambda: self._sentinel(token, delay))
+            return
+        self._ended(token)
+
+    def _ended(self, token: str) -> None:
+        entry = self.jobs.get(token)
+        if entry is None or entry.ended:
+            return
+        entry.ended = True
+        if entry.link is not None:
+            entry.link.close("the job ended")
+        for listener in list(self._listeners):
+            try:
+                listener(token)
+            except Exception:
+                logger.exception("a job-end listener failed")
+        with self._lock:  # keep only a bounded record of ended jobs
+            self.jobs.pop(token, None)
+            self._recently_ended[token] = None
+            if len(self._recently_ended) > REMEMBERED:
+                self._recently_ended.popitem(last=False)
+
+    def _ensure_poller(self) -> None:
+        with self._lock:
+            if self._poller is None or not self._poller.is_alive():
+                self._poller = threading.Thread(target=self._poll_backends, daemon=True,
+                                                name="fiberrl-job-poll")
+                self._poller.start()
+
+    def _poll_backends(self) -> None:
+        """Ask the backend about jobs on other hosts (backend calls may block: not on the
+        loop). Closes their sentinels when they end."""
+        while True:
+            self._poll_now.wait(POLL_INTERVAL)
+            self._poll_now.clear()
+            with self._lock:
+                remote = [(t, e) for t, e in self.jobs.items() if not e.shares_host and not e.ended]
+            for token, entry in remote:
+                popen = entry.popen()
+                try:
+                    finished = popen is None or popen.poll() is not None
+                except Exception:
+                    logger.debug("status of job %s failed", token, exc_info=True)
+                    continue
+                if finished:
+                    if popen is not None:
+                        popen._close_write_end()
+                    self.reactor.call_soon(functools.partial(self._ended, token))
+
+
+def job_watch() -> JobWatch:
+    """This process's job watch (starts the runtime if needed)."""
+    return service("jobs", JobWatch)
+
+
+def existing_job_watch() -> Optional[JobWatch]:
+    """This process's job watch if it exists (starts nothing)."""
+    from .runtime import existing_service
+    return existing_service("jobs")
+
+
+class ParentWatch:
+    """A job's watch over its parent, on a thread of its own (see the module docstring).
+
+    :meth:`stop` ends it when the job finishes; :meth:`set_interval` changes how often
+    it sends heartbeats (a pool worker uses its pool's).
+    """
+
+    def __init__(self, address: Address, token: str, grace: float, interval: float,
+                 sentinel_write: int) -> None:
+        self.address, self.label = address, f"watch:{token}"
+        self.grace, self.interval = grace, interval
+        self._sentinel_write = sentinel_write
+        self._stop_r, self._stop_w = os.pipe()
+        self._stream: Any = None
+        self.thread = threading.Thread(target=self._run, name="fiberrl-parent-watch", daemon=True)
+
+    def start(self) -> None:
+        """Open the stream (synchronously, so the parent hears from the job at once) and
+        start watching."""
+        self._stream = self._open()
+        self.thread.start()
+
+    def set_interval(self, seconds: float) -> None:
+        """Send heartbeats every ``seconds`` from the next one on."""
+        self.interval = max(0.01, seconds)
+        os.write(self._stop_w, b"i")
+
+    def stop(self) -> None:
+        """Stop watching (the job is ending) and close the stream."""
+        os.write(self._stop_w, b"s")
+        self.thread.join(1.0)
+
+    def _open(self) -> Any:
+        try:
+            return open_stream(self.address, self.label, timeout=5.0)
+        except (OSError, TimeoutError) as exc:
+            logger.debug("no watch stream to the parent at %s: %s", self.address, exc)
+            return None
+
+    def _run(self) -> None:
+        lost_since = None if self._stream is not None else time.monotonic()
+        next_beat = time.monotonic() + self.interval
+        while True:
+            stream = self._stream
+            poller = select.poll()
+            poller.register(self._stop_r, select.POLLIN)
+            if stream is not None:
+                poller.register(stream.fileno(), select.POLLIN)
+                wait = max(0.0, next_beat - time.monotonic())
+            else:
+                wait = 0.2
+            ready = {fd for fd, _ in poller.poll(int(wait * 1000) + 1)}
+            if self._stop_r in ready:
+                if os.read(self._stop_r, 1) == b"s":
+                    break
+                next_beat = time.monotonic()
+                continue
+            if stream is not None:
+                try:
+                    if ready:   # the parent never writes: readable means its end
+                        raise EOFError
+                    if time.monotonic() >= next_beat:
+                        stream.send(_HEARTBEAT, [b""])
+                        next_beat = time.monotonic() + self.interval
+                    continue
+                except (OSError, EOFError):
+                    stream.close()
+                    self._stream, lost_since = None, time.monotonic()
+            self._stream = self._open()
+            if self._stream is not None:
+                lost_since = None
+                next_beat = time.monotonic() + self.interval
+            elif time.monotonic() - lost_since >= self.grace:
+                self._parent_gone()
+        if self._stream is not None:
+            self._stream.close()
+        os.close(self._stop_r)
+        os.close(self._stop_w)
+
+    def _parent_gone(self) -> None:
+        # parent_process().is_alive() turns False now; the job gets one more grace
+        # period to finish up before it exits
+        os.close(self._sentinel_write)
+        logger.error("parent process is gone (its runtime at %s:%s unreachable for %.1f s); "
+                     "exiting in %.1f s", *self.address, self.grace, self.grace)
+        time.sleep(self.grace)
+        logging.shutdown()
+        os._exit(1)
+
+
+_parent_watch: Optional[ParentWatch] = None
+
+
+def start_parent_watch(watch: ParentWatch) -> None:
+    """Start ``watch`` as this job's watch over its parent."""
+    global _parent_watch
+    _parent_watch = watch
+    watch.start()
+
+
+def parent_watch() -> Optional[ParentWatch]:
+    """This job's watch over its parent (None in a root process)."""
+    return _parent_watch

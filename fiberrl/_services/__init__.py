@@ -1,0 +1,1 @@
+"""Services a process offers on its runtime (see :mod:`fiberrl._runtime.rpc`)."""

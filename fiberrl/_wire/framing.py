@@ -1,0 +1,216 @@
+"""One message format for every stream: encode, and read from a non-blocking socket.
+
+A message is a *kind* byte and a list of frames::
+
+    [kind: 1][frame count: u32][length of each frame: u64...][frame 0][MAC: 16][frame 1]...
+
+The MAC (:class:`~fiberrl._wire.auth.Signer`) covers the message's running number,
+everything before it and frame 0, the one frame that may be unpickled (a pickle
+stream, a header). Later frames are out-of-band buffers (numpy data, the payload of
+``send_bytes``): their lengths are signed, their bytes are not hashed, because they
+are only ever used as buffers by an authenticated pickle stream and hashing them
+would halve the throughput of large arrays.
+
+Small messages are written in one piece; a large one is received straight into a
+buffer of its own size (one copy from the kernel, none after), so a 16 MiB array
+costs one ``recv_into`` loop.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from typing import Any, List, Optional, Sequence, Tuple
+
+from ..errors import ForgedMessageError
+from .auth import MAC_BYTES, Signer, Verifier
+from .sockets import wait_for
+
+Message = Tuple[bytes, List[Any]]   # (kind, frames)
+
+_HEAD = struct.Struct("!cI")
+_LEN = struct.Struct("!Q")
+_HEAD_ONE = struct.Struct("!cIQ")
+_MAX_FRAMES = 1 << 16
+_ONE_PIECE = 1 << 16          # messages below this are joined into one write
+_BIG = 1 << 20                # messages above this are received into their own buffer
+_SCRATCH_BYTES = 1 << 18
+IOV_MAX = 64                  # pieces handed to one sendmsg call
+
+
+def encode(signer: Signer, kind: bytes, frames: Sequence[Any]) -> List[Any]:
+    """Frame and sign one message; returns the pieces to write (large frames uncopied)."""
+    if len(frames) == 1 and type(frames[0]) is bytes and len(frames[0]) < _ONE_PIECE:
+        head = _HEAD_ONE.pack(kind, 1, len(frames[0]))   # the common small message
+        return [head + frames[0] + signer.sign(head, frames[0])]
+    views = [f if type(f) is bytes else memoryview(f).cast("B") for f in frames]
+    sizes = [len(v) if type(v) is bytes else v.nbytes for v in views]
+    head = _HEAD.pack(kind, len(views)) + b"".join([_LEN.pack(n) for n in sizes])
+    digest = signer.sign(head, views[0]) if views else signer.sign(head)
+    if sum(sizes) < _ONE_PIECE:
+        return [b"".join([head, *views[:1], digest, *views[1:]])]
+    return [head, *views[:1], digest, *views[1:]]
+
+
+def drop_written(pieces: List[Any], written: int) -> None:
+    """Remove the first ``written`` bytes from a list of pieces being written."""
+    while written and pieces:
+        size = len(pieces[0]) if type(pieces[0]) is bytes else pieces[0].nbytes
+        if written >= size:
+            written -= size
+            pieces.pop(0)
+        else:
+            pieces[0] = memoryview(pieces[0])[written:]
+            written = 0
+
+
+def write_all(sock: socket.socket, pieces: List[Any]) -> None:
+    """Write every piece on a non-blocking socket, waiting while its buffer is full
+    (the socket stays non-blocking, so a thread reading it is never stalled)."""
+    while pieces:
+        try:
+            if len(pieces) == 1:
+                drop_written(pieces, sock.send(pieces[0]))
+            else:
+                drop_written(pieces, sock.sendmsg(pieces[:IOV_MAX]))
+        except (BlockingIOError, InterruptedError):
+            wait_for(sock.fileno(), writable=True)
+
+
+_scratch = threading.local()
+
+
+def _scratch_buffer() -> Tuple[bytearray, memoryview]:
+    """A receive buffer per thread: ``recv`` of 256 KiB would map fresh memory each call."""
+    pair = getattr(_scratch, "pair", None)
+    if pair is None:
+        buf = bytearray(_SCRATCH_BYTES)
+        pair = _scratch.pair = (buf, memoryview(buf))
+    return pair
+
+
+def _receive(sock: socket.socket, into: Any) -> int:
+    """``recv_into`` on a non-blocking socket: 0 if nothing is there yet; ``EOFError``
+    when the stream ended or broke."""
+    try:
+        n = sock.recv_into(into)
+    except (BlockingIOError, InterruptedError):
+        return 0
+    except OSError as exc:
+        raise EOFError(str(exc)) from None
+    if not n:
+        raise EOFError("the peer closed the stream")
+    return n
+
+
+class FrameReader:
+    """Reads verified messages from the receiving side of one stream (non-blocking)."""
+
+    __slots__ = ("sock", "_verifier", "_buf", "_big")
+
+    def __init__(self, sock: socket.socket, verifier: Verifier, initial: bytes = b"") -> None:
+        self.sock = sock
+        self._verifier = verifier
+        self._buf = bytearray(initial)
+        self._big: Optional[list] = None   # [kind, sizes, head, body, view, filled]
+
+    def pending(self) -> List[Message]:
+        """Complete messages among bytes already received (none read from the socket)."""
+        if not self._buf or self._big is not None:
+            return []
+        out, used = self._parse(self._buf, len(self._buf))
+        del self._buf[:used]
+        return out
+
+    def read(self) -> List[Message]:
+        """Read what the socket has; return the complete messages.
+
+        Raises ``EOFError`` when the stream ended (:class:`ForgedMessageError`, an
+        ``EOFError``, when it carried a forged or malformed message).
+        """
+        if self._big is not None:
+            return self._read_big()
+        scratch, view = _scratch_buffer()
+        n = _receive(self.sock, scratch)
+        if not n:
+            return []
+        if self._buf:
+            self._buf += view[:n]
+            out, used = self._parse(self._buf, len(self._buf))
+            del self._buf[:used]
+        else:  # the usual case: parse straight from the scratch buffer
+            out, used = self._parse(view, n)
+            if used < n:
+                self._buf = bytearray(view[used:n])
+        return out
+
+    def _parse(self, data: Any, end: int) -> Tuple[List[Message], int]:
+        """Complete messages in ``data[:end]`` and how many bytes they used."""
+        pos, out = 0, []
+        while end - pos >= _HEAD.size:
+            kind, count = _HEAD.unpack_from(data, pos)
+            if count == 1 and end - pos >= _HEAD_ONE.size:   # the common small message
+                size = _LEN.unpack_from(data, pos + _HEAD.size)[0]
+                signed_end = pos + _HEAD_ONE.size + size
+                if end >= signed_end + MAC_BYTES:
+                    self._verifier.check(data[signed_end:signed_end + MAC_BYTES],
+                                         data[pos:pos + _HEAD_ONE.size],
+                                         data[pos + _HEAD_ONE.size:signed_end])
+                    out.append((kind, [bytes(data[pos + _HEAD_ONE.size:signed_end])]))
+                    pos = signed_end + MAC_BYTES
+                    continue
+            if count > _MAX_FRAMES:
+                raise ForgedMessageError("malformed message (too many frames)")
+            meta = pos + _HEAD.size + count * _LEN.size
+            if end < meta:
+                break
+            sizes = _sizes(data, pos, count)
+            total = meta + sum(sizes) + MAC_BYTES
+            if end < total:
+                if total - pos >= _BIG:
+                    self._start_big(data, pos, end, kind, sizes, meta)
+                    pos = end
+                break
+            signed_end = meta + (sizes[0] if count else 0)
+            self._verifier.check(data[signed_end:signed_end + MAC_BYTES], data[pos:meta],
+                                 data[meta:signed_end])
+            frames = [bytes(data[meta:signed_end])] if count else []
+            offset = signed_end + MAC_BYTES
+            for size in sizes[1:]:   # writable copies, as numpy users expect
+                frames.append(memoryview(bytearray(data[offset:offset + size])))
+                offset += size
+            out.append((kind, frames))
+            pos = total
+        return out, pos
+
+    def _start_big(self, data: Any, pos: int, end: int, kind: bytes, sizes: List[int],
+                   meta: int) -> None:
+        """A large message: receive the rest straight into one buffer of its size."""
+        body = bytearray(sum(sizes) + MAC_BYTES)
+        body[:end - meta] = data[meta:end]
+        self._big = [kind, sizes, bytes(data[pos:meta]), body, memoryview(body), end - meta]
+        self._buf = bytearray()
+
+    def _read_big(self) -> List[Message]:
+        kind, sizes, head, body, view, filled = self._big
+        n = _receive(self.sock, view[filled:])
+        if not n:
+            return []
+        self._big[5] = filled = filled + n
+        if filled < len(body):
+            return []
+        self._big = None
+        first = sizes[0] if sizes else 0
+        self._verifier.check(view[first:first + MAC_BYTES], head, view[:first])
+        frames = [bytes(view[:first])] if sizes else []
+        offset = first + MAC_BYTES
+        for size in sizes[1:]:
+            frames.append(view[offset:offset + size])
+            offset += size
+        return [(kind, frames)]
+
+
+def _sizes(data: Any, pos: int, count: int) -> List[int]:
+    if count == 1:
+        return [_LEN.unpack_from(data, pos + _HEAD.size)[0]]
+    return list(struct.unpack_from(f"!{count}Q", data, pos + _HEAD.size))
