@@ -1,4 +1,4 @@
-"""Packaging for fiberrl: the core needs only pyzmq, cloudpickle, psutil and numpy."""
+"""Packaging for fiberrl: the core needs only cloudpickle, psutil and numpy."""
 from setuptools import find_packages, setup
 
 EXTRAS = {
@@ -26,7 +26,6 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["fiberrl", "fiberrl.*", "cpe", "cpe.*", "rl", "rl.*"]),
     install_requires=[
-        "pyzmq>=25",
         "cloudpickle>=3",
         "psutil>=5.9",
         "numpy>=1.22",

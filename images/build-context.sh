@@ -16,7 +16,7 @@
 #   wheels/               fiberrl's wheel (built from this checkout) and wheels of all its
 #                         dependencies (plus those of EXTRAS), made with `pip wheel` on the host
 #   wheels/constraints.txt  the host venv's exact versions (`pip freeze`), so that the image
-#                         runs the same pyzmq/cloudpickle/numpy/... as the driver (pickles match)
+#                         runs the same cloudpickle/numpy/... as the driver (pickles match)
 # The image's Python is the host venv's major.minor (build arg PYTHON_VERSION), for the same
 # reason: cloudpickle sends functions by value, and their bytecode differs between versions.
 #
@@ -109,7 +109,7 @@ trap 'rm -rf "$PINS" "$SRC"' EXIT
 # Exact versions of everything in the host venv (minus fiberrl itself).
 "$PY" -m pip freeze --disable-pip-version-check --exclude fiberrl 2>/dev/null |
     grep -E '^[A-Za-z0-9][A-Za-z0-9._-]*==' | LC_ALL=C sort >"$PINS" || true
-for dep in pyzmq cloudpickle psutil numpy; do
+for dep in cloudpickle psutil numpy; do
     grep -qi "^$dep==" "$PINS" || log "warning: $dep is not installed in $PY: its version is not pinned"
 done
 

@@ -33,9 +33,11 @@ from typing import Any, Callable, Dict, List, Optional
 
 from .. import reduction
 from ..errors import PoolTerminatedError, TaskRetryError
-from ..stream import Channel, Listener
+from .._runtime.runtime import runtime
+from .._wire.stream import Channel
 from .pending import PendingTable
 from .tasks import Task
+from .wire import PoolChannel
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +53,7 @@ class WorkerLink:
     __slots__ = ("id", "channel", "pid", "host", "quota_left", "known", "drops",
                  "last_seen", "idle_since", "retiring", "dead", "solo", "hungry", "stop_sent")
 
-    def __init__(self, worker_id: int, channel: Channel, pid: int, host: str,
+    def __init__(self, worker_id: int, channel: PoolChannel, pid: int, host: str,
                  quota: Optional[int]) -> None:
         self.id = worker_id
         self.channel = channel
@@ -70,12 +72,18 @@ class WorkerLink:
 
 
 class Dispatcher:
-    """Owns the listener, the task queue, the pending table and every worker link."""
+    """Owns the task queue, the pending table and every worker link.
 
-    def __init__(self, host: str, max_task_retries: int, heartbeat_timeout: float,
+    Workers reach it through the process's one listener: their streams, labelled
+    ``"pool:<name>"``, are handed over by the runtime's acceptor (:meth:`_adopt`).
+    """
+
+    def __init__(self, name: str, max_task_retries: int, heartbeat_timeout: float,
                  idle_timeout: Optional[float], supervisor_events: Any) -> None:
-        self.listener = Listener(host)
-        self.address = self.listener.address
+        rt = runtime()
+        self.acceptor = rt.acceptor
+        self.label = f"pool:{name}"
+        self.address = (rt.address, self.label)
         self.heartbeat_timeout = heartbeat_timeout
         self.idle_timeout = idle_timeout
         self.events = supervisor_events
@@ -96,7 +104,7 @@ class Dispatcher:
         self._woken = False
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self._selector.register(self.listener, selectors.EVENT_READ, "listen")
+        self.acceptor.route(self.label, self._adopt)
         self._next_tick = time.monotonic() + TICK
         self.lock = threading.RLock()
         self.thread = threading.Thread(target=self._run, name="fiberrl-pool-io", daemon=True)
@@ -111,6 +119,24 @@ class Dispatcher:
                 os.write(self._wake_w, b"x")
             except (BlockingIOError, OSError):
                 pass
+
+    def _adopt(self, label: str, sock: Any, send_key: bytes, recv_key: bytes,
+               leftover: bytes) -> bool:
+        """A worker's authenticated stream, from the runtime's acceptor (its loop)."""
+        if self._stopped:
+            return False
+        channel = PoolChannel(Channel(sock, send_key, recv_key, leftover))
+
+        def register() -> None:
+            if self._stopped:
+                channel.close()
+                return
+            self._selector.register(channel, selectors.EVENT_READ, [channel, None])
+            if leftover:  # the worker's first messages came with its hello
+                self._on_event([channel, None], selectors.EVENT_READ)
+
+        self.call_soon(register)
+        return True
 
     def submit(self, call: Any, tasks: List[Task], last: bool) -> None:
         """Queue ``tasks`` of ``call`` and dispatch what can go now; ``last`` says the
@@ -182,12 +208,6 @@ class Dispatcher:
                     pass
             except (BlockingIOError, OSError):
                 pass
-        elif data == "listen":
-            while True:
-                channel = self.listener.accept()
-                if channel is None:
-                    break
-                self._selector.register(channel, selectors.EVENT_READ, [channel, None])
         else:
             channel = data[0]
             try:
@@ -200,7 +220,7 @@ class Dispatcher:
             except ConnectionError as exc:
                 self._connection_lost(data, str(exc))
 
-    def _watch_writes(self, channel: Channel, data: Any) -> None:
+    def _watch_writes(self, channel: PoolChannel, data: Any) -> None:
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if channel.wants_write else 0)
         if self._selector.get_key(channel).events != events:
             # (safe while the I/O thread sits in select: epoll_ctl is thread-safe)
@@ -440,7 +460,7 @@ class Dispatcher:
             if isinstance(key.data, list):
                 key.data[0].close()
         self._selector.close()
-        self.listener.close()
+        self.acceptor.unroute(self.label)
         os.close(self._wake_r)
         os.close(self._wake_w)
 

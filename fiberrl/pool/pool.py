@@ -30,7 +30,6 @@ from typing import Any, Callable, Iterable, List, Mapping, Optional
 from .. import resources
 from ..config import get_config
 from ..errors import PoolTerminatedError
-from ..backends import default_backend
 from .dispatch import Dispatcher
 from .supervisor import Supervisor
 from .tasks import APPLY, MAP, STARMAP, ApplyResult, FunctionTable, IMapIterator, MapResult, chunks
@@ -69,12 +68,10 @@ class _PoolCore:
         self.name = f"Pool-{next(_pool_ids)}"
         self.state = RUN
         self.feeders: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
-        backend = default_backend()
-        host = backend.listen_host()  # honours the listen_host setting
         import queue
         events: "queue.SimpleQueue" = queue.SimpleQueue()
-        self.dispatcher = Dispatcher(host, max_task_retries, heartbeat_timeout, idle_timeout,
-                                     events)
+        self.dispatcher = Dispatcher(f"{self.name}-{os.getpid()}-{id(self):x}",
+                                     max_task_retries, heartbeat_timeout, idle_timeout, events)
         self.functions = FunctionTable(self.dispatcher.forget_function)
         self.dispatcher.target = processes
         self.supervisor = Supervisor(self.dispatcher, processes, self.name, worker_options,

@@ -1,7 +1,7 @@
 """The loop inside each pool worker job.
 
 A worker is an ordinary :class:`fiberrl.Process` whose target is :func:`run_worker`.
-It connects to its pool's listener (:mod:`fiberrl.stream`), runs the initializer,
+It connects to its pool (:mod:`fiberrl.pool.wire`), runs the initializer,
 says hello, then runs the tasks it is handed, in order, and sends results back in
 batches: a batch leaves when the worker has nothing left to run, after a
 millisecond, or at once for a task the pool marked *suspect* (its previous worker
@@ -33,8 +33,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import reduction
 from ..errors import TaskDeserializationError
-from ..stream import StreamConnection
 from .tasks import APPLY, MAP
+from .wire import WorkerConnection
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class _Globals:
 
 
 class _Heartbeat(threading.Thread):
-    def __init__(self, conn: StreamConnection, interval: float) -> None:
+    def __init__(self, conn: WorkerConnection, interval: float) -> None:
         super().__init__(name="fiberrl-pool-heartbeat", daemon=True)
         self.conn, self.interval = conn, interval
         self.stopped = threading.Event()
@@ -118,7 +118,7 @@ def _encode_result(ok: bool, value: Any) -> Tuple[bool, List[Any]]:
 class Worker:
     """State of one worker: its connection, known functions, queued tasks, results."""
 
-    def __init__(self, conn: StreamConnection, worker_id: int, maxtasks: Optional[int]) -> None:
+    def __init__(self, conn: WorkerConnection, worker_id: int, maxtasks: Optional[int]) -> None:
         self.conn = conn
         self.worker_id = worker_id
         self.maxtasks = maxtasks
@@ -201,10 +201,10 @@ class Worker:
             self.run_one()
 
 
-def run_worker(address: str, worker_id: int, token: str, initializer: Optional[Callable[..., Any]],
+def run_worker(address: tuple, worker_id: int, token: str, initializer: Optional[Callable[..., Any]],
                initargs: Sequence[Any], maxtasks: Optional[int], heartbeat_interval: float) -> None:
     """Entry point of a pool worker job (the target of its :class:`fiberrl.Process`)."""
-    conn = StreamConnection(address)
+    conn = WorkerConnection(*address)
     heartbeat = _Heartbeat(conn, heartbeat_interval)
     heartbeat.start()
     worker = Worker(conn, worker_id, maxtasks)

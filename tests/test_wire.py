@@ -1,0 +1,109 @@
+"""fiberrl._wire: the one wire. Signed messages of every size arrive whole, in order and
+writable, both ways; a wrong key is refused; a forged message ends the stream unread;
+a label nobody serves is "not here"."""
+import queue
+import select
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from fiberrl._runtime.runtime import runtime
+from fiberrl._wire.auth import Signer
+from fiberrl._wire.framing import encode
+from fiberrl._wire.stream import Channel, NotHereError, open_stream
+from fiberrl.errors import AuthenticationError
+
+
+@pytest.fixture
+def served():
+    """A label on this process's listener whose streams land in a queue as Channels."""
+    rt = runtime()
+    channels = queue.Queue()
+
+    def take(label, sock, send_key, recv_key, leftover):
+        channels.put(Channel(sock, send_key, recv_key, leftover))
+        return True
+
+    rt.acceptor.route("test-wire", take)
+    yield rt.address, channels
+    rt.acceptor.unroute("test-wire")
+
+
+def _drain(channel, count):
+    got = []
+    while len(got) < count:
+        assert select.select([channel], [], [], 10)[0], "nothing arrived"
+        got.extend(channel.on_readable())
+    return got
+
+
+def test_small_and_large_messages_arrive_whole_and_in_order_both_ways(served):
+    address, channels = served
+    stream = open_stream(address, "test-wire")
+    channel = channels.get(timeout=10)
+    big = np.arange(3 * (1 << 20) // 8, dtype=np.float64)
+    sent = [(b"s", [b"small"]), (b"b", [b"head", big, b"tail" * 1000]), (b"a", [b"x"])]
+    writer = threading.Thread(target=lambda: [stream.send(k, f) for k, f in sent])
+    writer.start()   # 3 MiB does not fit in the socket's buffer: read while it writes
+    got = _drain(channel, 3)
+    writer.join(10)
+    assert [k for k, _ in got] == [k for k, _ in sent]
+    assert bytes(got[0][1][0]) == b"small" and bytes(got[1][1][0]) == b"head"
+    arr = np.frombuffer(got[1][1][1], dtype=np.float64)
+    assert np.array_equal(arr, big) and bytes(got[1][1][2]) == b"tail" * 1000
+    assert not memoryview(got[1][1][1]).readonly   # numpy users may write into what they get
+    replies = []
+    reader = threading.Thread(target=lambda: replies.append(stream.recv(timeout=10)))
+    reader.start()
+    channel.send(b"r", [b"reply", big])
+    while channel.wants_write:
+        select.select([], [channel], [], 10)
+        channel.on_writable()
+    reader.join(10)
+    kind, frames = replies[0]
+    assert kind == b"r" and bytes(frames[0]) == b"reply"
+    assert np.array_equal(np.frombuffer(frames[1]), big)
+    stream.close()
+    with pytest.raises(EOFError):
+        _drain(channel, 1)
+    channel.close()
+
+
+def test_a_wrong_key_is_refused(served):
+    address, channels = served
+    with pytest.raises(AuthenticationError):
+        open_stream(address, "test-wire", key=b"not the run's secret" * 2)
+    assert channels.empty()
+
+
+def test_a_label_nobody_serves_is_not_here():
+    with pytest.raises(NotHereError):
+        open_stream(runtime().address, "nobody-serves-this")
+
+
+def test_a_forged_message_ends_the_stream_before_anything_is_used(served):
+    address, channels = served
+    stream = open_stream(address, "test-wire")
+    channel = channels.get(timeout=10)
+    stream.send(b"s", [b"genuine"])
+    got = _drain(channel, 1)
+    forged = encode(Signer(b"\0" * 32), b"s", [b"forged"])   # signed with another key
+    stream.sock.setblocking(True)
+    stream.sock.sendall(b"".join(bytes(p) for p in forged))
+    with pytest.raises(EOFError):
+        while True:
+            assert select.select([channel], [], [], 10)[0]
+            got.extend(channel.on_readable())
+    assert [bytes(f[0]) for _, f in got] == [b"genuine"]
+    channel.close()
+    stream.close()
+
+
+def test_streams_on_one_host_use_the_unix_socket(served):
+    address, channels = served
+    stream = open_stream(address, "test-wire")
+    assert stream.sock.family == socket.AF_UNIX
+    stream.close()
+    channels.get(timeout=10).close()
