@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from .. import reduction
 from ..errors import TaskDeserializationError
 from ..stream import StreamConnection
-from .tasks import APPLY, MAP
+from .tasks import APPLY, ITEM_ATTRIBUTE, MAP
 
 logger = logging.getLogger(__name__)
 
@@ -97,13 +97,21 @@ def _execute(func: Any, mode: int, frames: List[Any]) -> Tuple[bool, Any]:
         return False, TaskDeserializationError(
             f"could not unpickle the task's arguments in the worker: {type(exc).__name__}: {exc}",
             traceback.format_exc())
+    results: List[Any] = []
     try:
         if mode == APPLY:
             return True, func(*args[0], **args[1])
+        append = results.append
         if mode == MAP:
-            return True, [func(item) for item in args]
-        return True, [func(*item) for item in args]
+            for item in args:
+                append(func(item))
+        else:
+            for item in args:
+                append(func(*item))
+        return True, results
     except Exception as exc:
+        if mode != APPLY:
+            exc.__dict__[ITEM_ATTRIBUTE] = len(results)  # the pool names the item's index
         return False, ExceptionWithTraceback(exc, exc.__traceback__)
 
 
