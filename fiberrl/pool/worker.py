@@ -38,6 +38,9 @@ from .tasks import APPLY, ITEM_ATTRIBUTE, MAP
 
 logger = logging.getLogger(__name__)
 
+#: a worker's exit status after Ctrl-C (128 + SIGINT, as a shell reports it): it exits
+#: quietly, and the pool logs it as interrupted, not lost
+INTERRUPTED_EXIT = 130
 _FLUSH_AFTER = 0.001   # seconds a finished result may wait for company
 _FLUSH_COUNT = 256
 
@@ -229,6 +232,9 @@ def run_worker(address: str, worker_id: int, token: str, initializer: Optional[C
         conn.send(("bye",))
     except (OSError, EOFError) as exc:
         logger.info("worker %d lost its pool: %s", worker_id, exc)
+    except KeyboardInterrupt:  # Ctrl-C reached the whole process group: no traceback
+        logger.info("worker %d interrupted", worker_id)
+        raise SystemExit(INTERRUPTED_EXIT) from None
     finally:
         heartbeat.stopped.set()
         conn.close()
