@@ -46,11 +46,6 @@ example:
   fiberrl cpe evaluate data/t --target-policy runs/x/policy.pt --temperature 0.1
 """
 
-#: below this many rows (bandit) or trajectory rows, --workers > 1 runs the bootstrap
-#: in this process: starting workers costs more than they save (measured, see README)
-MIN_ROWS_FOR_WORKERS = 20_000
-
-
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -82,8 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--confidence", type=float, default=0.95,
                         help="interval level (default 0.95)")
     parser.add_argument("--workers", type=_positive_int, default=1,
-                        help="fiberrl pool workers for the bootstrap (default 1: in this process; "
-                             f"used from {MIN_ROWS_FOR_WORKERS:,} rows on)")
+                        help="fiberrl pool workers for the bootstrap (default 1: in this "
+                             "process); they pay only with free cores (see the README)")
     parser.add_argument("--backend", default=None, help="fiberrl backend of the workers")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
@@ -124,12 +119,9 @@ def main(args: argparse.Namespace) -> int:
         options = dict(estimators=estimators, n_bootstrap=args.n_bootstrap, seed=args.seed,
                        confidence=args.confidence)
         evaluate(data, **{**options, "n_bootstrap": 0})  # settings checked before workers start
-        if args.workers > 1 and args.n_bootstrap > 0 and data.n >= MIN_ROWS_FOR_WORKERS:
+        if args.workers > 1 and args.n_bootstrap > 0:
             report = _evaluate_on_pool(data, options, args.workers, getattr(args, "backend", None))
         else:
-            if args.workers > 1:
-                logger.info("%d rows: the bootstrap runs in this process (workers help from %d)",
-                            data.n, MIN_ROWS_FOR_WORKERS)
             report = evaluate(data, **options)
     except (ValueError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from exc
