@@ -17,16 +17,17 @@ Example::
 """
 
 from cpe.bandit import BANDIT_ESTIMATORS
-from cpe.data import BanditLog, Trajectories
+from cpe.data import BanditLog, DataError, Trajectories
 from cpe.estimate import Estimate, Report
 from cpe.evaluate import DEFAULT_N_BOOTSTRAP, evaluate
-from cpe.io import load
+from cpe.loading import load
 from cpe.sequential import SEQUENTIAL_ESTIMATORS
 from cpe.simplex_qp import minimize_on_simplex
 
 __all__ = [
     "BANDIT_ESTIMATORS",
     "BanditLog",
+    "DataError",
     "DEFAULT_N_BOOTSTRAP",
     "Estimate",
     "Report",

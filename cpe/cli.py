@@ -12,35 +12,74 @@ import json
 import logging
 import math
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
+from cpe.bandit import BANDIT_ESTIMATORS
 from cpe.evaluate import DEFAULT_N_BOOTSTRAP, evaluate
-from cpe.io import FORMATS, load
+from cpe.io import FORMATS
+from cpe.loading import load
+from cpe.sequential import SEQUENTIAL_ESTIMATORS
 
 logger = logging.getLogger(__name__)
 
 _DESCRIPTION = (
-    "Estimate the value of a target policy from a logged file (JSON lines, CSV or Parquet) "
-    "with every applicable estimator and its bootstrap interval."
+    "Estimate the value of a target policy from logged data (JSON lines, CSV, Parquet, or "
+    "the directory fiberrl workflow timeline writes) with every applicable estimator and "
+    "its bootstrap interval."
 )
+
+_EPILOG = f"""fields (one record per decision; the data pipeline's names):
+  required     action (index or name), reward, action_probability (the logging
+               policy's probability of the action; logged_propensity is accepted too)
+  target       target_probs (list of K probabilities), or --target-policy with
+               state_features (map) and optional possible_actions (list)
+  optional     reward_estimates (list of K; bandit dm, dr)
+  trajectories mdp_id, sequence_number, optional q_estimates (list of K; dm, dr, wdr, magic)
+
+estimators:
+  bandit logs  {", ".join(BANDIT_ESTIMATORS)}
+  trajectories {", ".join(SEQUENTIAL_ESTIMATORS)}
+
+example:
+  fiberrl workflow timeline --input logs.jsonl --out data/t --gamma 0.9
+  fiberrl cpe evaluate data/t --target-policy runs/x/policy.pt --temperature 0.1
+"""
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``evaluate`` arguments to ``parser``."""
-    parser.add_argument("file", metavar="FILE", help="logged data: .jsonl/.json, .csv or .parquet")
+    parser.add_argument("file", metavar="PATH",
+                        help="logged data: .jsonl/.json, .csv, .parquet, or a Timeline directory")
     parser.add_argument("--format", choices=FORMATS, default=None,
-                        help="file format (default: from the file suffix)")
+                        help="input format (default: from the suffix; a directory is a Timeline)")
+    parser.add_argument("--target-policy", default=None, metavar="POLICY",
+                        help="the policy to evaluate, instead of the data's target_probs: "
+                             "'uniform' (over the possible actions) or an exported policy.pt / "
+                             "policy.onnx (its softmax propensities)")
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="softmax temperature of an exported --target-policy (default 1.0)")
     parser.add_argument("--gamma", type=float, default=None,
-                        help="discount factor for trajectories (default 1.0)")
+                        help="discount factor for trajectories (default: a Timeline's gamma, "
+                             "else 1.0)")
     parser.add_argument("--estimators", default=None,
-                        help="comma-separated estimators to run (default: all applicable)")
+                        help="comma-separated estimators to run (default: all applicable; "
+                             "see below)")
     parser.add_argument("--n-bootstrap", type=int, default=DEFAULT_N_BOOTSTRAP,
                         help=f"bootstrap replicates (default {DEFAULT_N_BOOTSTRAP}; 0 disables)")
     parser.add_argument("--seed", type=int, default=None, help="bootstrap seed")
     parser.add_argument("--confidence", type=float, default=0.95,
                         help="interval level (default 0.95)")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="processes for the bootstrap (default 1: no pool)")
+    parser.add_argument("--workers", type=_positive_int, default=1,
+                        help="fiberrl pool workers for the bootstrap (default 1: in this "
+                             "process); they pay only with free cores (see the README)")
+    parser.add_argument("--backend", default=None, help="fiberrl backend of the workers")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
 
@@ -56,28 +95,36 @@ def _clean(value: Any) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``evaluate`` for parsed ``args``; returns the process exit status."""
+    """Run ``evaluate`` for parsed ``args``; returns the process exit status. Bad input
+    raises :class:`fiberrl.cli_support.UsageError` (one line, exit status 2)."""
+    from fiberrl.cli_support import UsageError
     estimators = None
     if args.estimators:
         estimators = [name.strip() for name in args.estimators.split(",") if name.strip()]
+    if args.target_policy not in (None, "uniform") and not Path(args.target_policy).is_file():
+        raise UsageError(f"--target-policy {args.target_policy}: no such file (give 'uniform' "
+                         "or an exported policy.pt/policy.onnx)")
+    if args.n_bootstrap < 0 or args.n_bootstrap == 1:
+        raise UsageError(f"--n-bootstrap must be 0 (no intervals) or at least 2, got {args.n_bootstrap}")
+    if not 0.0 < args.confidence < 1.0:
+        raise UsageError(f"--confidence must lie in (0, 1), got {args.confidence}")
+    if not args.temperature > 0:
+        raise UsageError(f"--temperature must be positive, got {args.temperature}")
+    if getattr(args, "backend", None):
+        from fiberrl.cli_jobs import check_backend
+        check_backend(args.backend)
     try:
-        data = load(args.file, format=args.format, gamma=args.gamma)
+        data = load(args.file, format=args.format, gamma=args.gamma,
+                    target_policy=args.target_policy, temperature=args.temperature)
         options = dict(estimators=estimators, n_bootstrap=args.n_bootstrap, seed=args.seed,
                        confidence=args.confidence)
+        evaluate(data, **{**options, "n_bootstrap": 0})  # settings checked before workers start
         if args.workers > 1 and args.n_bootstrap > 0:
-            import multiprocessing
-
-            pool = multiprocessing.get_context("spawn").Pool(args.workers)
-            try:
-                report = evaluate(data, pool=pool, **options)
-            finally:
-                pool.close()
-                pool.join()
+            report = _evaluate_on_pool(data, options, args.workers, getattr(args, "backend", None))
         else:
             report = evaluate(data, **options)
     except (ValueError, FileNotFoundError) as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
+        raise UsageError(str(exc)) from exc
     if args.json:
         sys.stdout.write(json.dumps(_clean(report.to_dict()), indent=2) + "\n")
     else:
@@ -85,10 +132,20 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _evaluate_on_pool(data: Any, options: dict, workers: int, backend: str | None) -> Any:
+    """:func:`cpe.evaluate` with its bootstrap on a ``fiberrl.Pool`` of ``workers``."""
+    import fiberrl
+    if backend:
+        fiberrl.init(backend=backend)
+    with fiberrl.Pool(workers) as pool:
+        return evaluate(data, pool=pool, **options)
+
+
 def _add_evaluate(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``evaluate`` sub-command to ``subparsers``."""
-    parser = subparsers.add_parser("evaluate", help="evaluate a policy from a logged file",
-                                   description=_DESCRIPTION)
+    parser = subparsers.add_parser("evaluate", help="evaluate a policy from logged data",
+                                   description=_DESCRIPTION, epilog=_EPILOG,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     parser.set_defaults(func=main)
     return parser
@@ -110,8 +167,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     """Stand-alone parser for ``python -m cpe``."""
-    parser = argparse.ArgumentParser(prog="python -m cpe",
-                                     description="Counterfactual policy evaluation.")
+    from fiberrl.cli_support import ArgumentParser
+    parser = ArgumentParser(prog="python -m cpe", description="Counterfactual policy evaluation.")
     commands = parser.add_subparsers(dest="cpe_command", metavar="COMMAND")
     commands.required = True
     _add_evaluate(commands)
@@ -120,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default: ``sys.argv[1:]``) and run the chosen command."""
+    from fiberrl.cli_support import run_command
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    return run_command(args.func, args, "python -m cpe evaluate")

@@ -28,10 +28,27 @@ logger = logging.getLogger(__name__)
 ROW_SUM_TOLERANCE = 1e-4
 
 
+class DataError(ValueError):
+    """Bad logged data. ``field`` is the argument it concerns (``logged_propensities``),
+    ``index`` the 0-based position of the first bad row (None when no row is to blame);
+    file readers use both to name the file's own field and line."""
+
+    def __init__(self, message: str, index: int | None = None) -> None:
+        super().__init__(message)
+        self.field = message.split(":", 1)[0]
+        self.index = index
+
+
+def _first_index(mask: np.ndarray) -> int:
+    """The 0-based index of the first row of ``mask`` with a set entry."""
+    return int(np.flatnonzero(mask.reshape(len(mask), -1).any(axis=1))[0])
+
+
 def _first_bad(mask: np.ndarray) -> str:
-    """Describe how many entries of ``mask`` are set and where the first one is."""
-    flat = np.flatnonzero(mask.reshape(len(mask), -1).any(axis=1))
-    return f"{flat.size} row(s), first at row {int(flat[0])}"
+    """Describe how many rows of ``mask`` have a set entry and where the first one is
+    (a 0-based index, as in the arrays passed in)."""
+    rows = int(mask.reshape(len(mask), -1).any(axis=1).sum())
+    return f"{rows} row(s), first at index {_first_index(mask)}"
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:
@@ -49,41 +66,42 @@ def _as_float(name: str, values: Any, ndim: int) -> np.ndarray:
     try:
         array = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name}: cannot be converted to numbers ({exc})") from None
+        raise DataError(f"{name}: cannot be converted to numbers ({exc})") from None
     if array.ndim != ndim:
         shape = "(N,)" if ndim == 1 else "(N, K)"
-        raise ValueError(f"{name}: expected an array of shape {shape}, got shape {array.shape}")
+        raise DataError(f"{name}: expected an array of shape {shape}, got shape {array.shape}")
     bad = ~np.isfinite(array)
     if bad.any():
-        raise ValueError(f"{name}: contains NaN or infinite values in {_first_bad(bad)}")
+        raise DataError(f"{name}: contains NaN or infinite values in {_first_bad(bad)}",
+                        _first_index(bad))
     return array
 
 
 def _check_length(name: str, array: np.ndarray, n: int, reference: str) -> None:
     """Raise if ``array`` does not have ``n`` rows."""
     if array.shape[0] != n:
-        raise ValueError(f"{name}: has {array.shape[0]} rows but {reference} has {n}")
+        raise DataError(f"{name}: has {array.shape[0]} rows but {reference} has {n}")
 
 
 def _as_actions(values: Any, n_actions: int) -> np.ndarray:
     """Convert logged actions to int64 indices in ``[0, n_actions)``."""
     array = np.asarray(values)
     if array.ndim != 1:
-        raise ValueError(f"actions: expected an array of shape (N,), got shape {array.shape}")
+        raise DataError(f"actions: expected an array of shape (N,), got shape {array.shape}")
     if array.dtype.kind in "iu":
         actions = array.astype(np.int64, copy=False)
     elif array.dtype.kind in "fb":
         floats = array.astype(np.float64)
         if not np.all(np.isfinite(floats)) or np.any(floats != np.round(floats)):
-            raise ValueError("actions: must be integer action indices")
+            raise DataError("actions: must be integer action indices")
         actions = floats.astype(np.int64)
     else:
-        raise ValueError(f"actions: must be integer action indices, got dtype {array.dtype}")
+        raise DataError(f"actions: must be integer action indices, got dtype {array.dtype}")
     out_of_range = (actions < 0) | (actions >= n_actions)
     if out_of_range.any():
-        raise ValueError(
+        raise DataError(
             f"actions: values must lie in [0, {n_actions}) (the columns of target_probs); "
-            f"{_first_bad(out_of_range)} out of range"
+            f"{_first_bad(out_of_range)} out of range", _first_index(out_of_range)
         )
     return actions
 
@@ -92,7 +110,8 @@ def _check_probabilities(name: str, array: np.ndarray) -> None:
     """Raise if any entry of ``array`` lies outside ``[0, 1]``."""
     outside = (array < 0.0) | (array > 1.0)
     if outside.any():
-        raise ValueError(f"{name}: probabilities must lie in [0, 1]; {_first_bad(outside)} outside")
+        raise DataError(f"{name}: probabilities must lie in [0, 1]; {_first_bad(outside)} outside",
+                        _first_index(outside))
 
 
 def _as_propensities(values: Any, n: int) -> np.ndarray:
@@ -101,18 +120,20 @@ def _as_propensities(values: Any, n: int) -> np.ndarray:
     try:
         array = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name}: cannot be converted to numbers ({exc})") from None
+        raise DataError(f"{name}: cannot be converted to numbers ({exc})") from None
     if array.ndim != 1:
-        raise ValueError(f"{name}: expected an array of shape (N,), got shape {array.shape}")
+        raise DataError(f"{name}: expected an array of shape (N,), got shape {array.shape}")
     _check_length(name, array, n, "actions")
     missing = np.isnan(array)
     if missing.any():
-        raise ValueError(f"{name}: missing (NaN) values in {_first_bad(missing)}")
+        raise DataError(f"{name}: missing (NaN) values in {_first_bad(missing)}",
+                        _first_index(missing))
     zero = array == 0.0
     if zero.any():
-        raise ValueError(
+        raise DataError(
             f"{name}: zero propensity in {_first_bad(zero)}; importance weights would be "
-            "infinite (the logging policy must give positive probability to logged actions)"
+            "infinite (the logging policy must give positive probability to logged actions)",
+            _first_index(zero),
         )
     _check_probabilities(name, array)
     return array
@@ -124,12 +145,13 @@ def _as_target_probs(values: Any, n: int) -> np.ndarray:
     array = _as_float(name, values, ndim=2)
     _check_length(name, array, n, "actions")
     if array.shape[1] < 1:
-        raise ValueError(f"{name}: needs at least one action column")
+        raise DataError(f"{name}: needs at least one action column")
     _check_probabilities(name, array)
     off = np.abs(array.sum(axis=1) - 1.0) > ROW_SUM_TOLERANCE
     if off.any():
-        raise ValueError(
-            f"{name}: rows must sum to 1 (tolerance {ROW_SUM_TOLERANCE:g}); {_first_bad(off)} do not"
+        raise DataError(
+            f"{name}: rows must sum to 1 (tolerance {ROW_SUM_TOLERANCE:g}); {_first_bad(off)} do not",
+            _first_index(off),
         )
     return array
 
@@ -139,7 +161,7 @@ def _as_model(name: str, values: Any, n: int, n_actions: int) -> np.ndarray:
     array = _as_float(name, values, ndim=2)
     _check_length(name, array, n, "actions")
     if array.shape[1] != n_actions:
-        raise ValueError(
+        raise DataError(
             f"{name}: has {array.shape[1]} action columns but target_probs has {n_actions}"
         )
     return array
@@ -156,9 +178,9 @@ def _common(
     """Validate the fields shared by bandit logs and trajectories."""
     n = int(np.shape(actions)[0]) if np.ndim(actions) >= 1 else -1
     if n < 0:
-        raise ValueError("actions: expected an array of shape (N,), got a scalar")
+        raise DataError("actions: expected an array of shape (N,), got a scalar")
     if n == 0:
-        raise ValueError("actions: the log is empty")
+        raise DataError("actions: the log is empty")
     probs = _as_target_probs(target_probs, n)
     acts = _as_actions(actions, probs.shape[1])
     rew = _as_float("rewards", rewards, ndim=1)
@@ -233,7 +255,7 @@ def _as_sequence_numbers(values: Any, n: int) -> np.ndarray:
     array = np.asarray(values)
     if array.dtype.kind in "iu":
         if array.ndim != 1:
-            raise ValueError(
+            raise DataError(
                 f"sequence_numbers: expected an array of shape (N,), got shape {array.shape}"
             )
         array = array.astype(np.int64, copy=False)
@@ -247,13 +269,14 @@ def _as_mdp_ids(values: Any, n: int) -> np.ndarray:
     """Validate episode identifiers (numbers or strings)."""
     array = np.asarray(values)
     if array.ndim != 1:
-        raise ValueError(f"mdp_ids: expected an array of shape (N,), got shape {array.shape}")
+        raise DataError(f"mdp_ids: expected an array of shape (N,), got shape {array.shape}")
     _check_length("mdp_ids", array, n, "actions")
     if array.dtype.kind == "f" and np.isnan(array).any():
-        raise ValueError(f"mdp_ids: missing (NaN) values in {_first_bad(np.isnan(array))}")
+        raise DataError(f"mdp_ids: missing (NaN) values in {_first_bad(np.isnan(array))}",
+                        _first_index(np.isnan(array)))
     if array.dtype.kind == "O":
         if any(v is None for v in array.tolist()):
-            raise ValueError("mdp_ids: contains missing (None) values")
+            raise DataError("mdp_ids: contains missing (None) values")
         array = array.astype(str)
     return array
 
@@ -300,9 +323,9 @@ class Trajectories(_LoggedRows):
         try:
             gamma_value = float(gamma)
         except (TypeError, ValueError):
-            raise ValueError(f"gamma: must be a number in [0, 1], got {gamma!r}") from None
+            raise DataError(f"gamma: must be a number in [0, 1], got {gamma!r}") from None
         if not 0.0 <= gamma_value <= 1.0:
-            raise ValueError(f"gamma: must lie in [0, 1], got {gamma_value}")
+            raise DataError(f"gamma: must lie in [0, 1], got {gamma_value}")
         self.mdp_ids = _readonly(ids)
         self.sequence_numbers = _readonly(seq)
         self.actions = _readonly(acts)

@@ -33,10 +33,17 @@ class Estimate:
         return asdict(self)
 
 
-def _fmt(x: float) -> str:
-    """Format a number for the text table."""
+#: numbers smaller than this fraction of the table's scale are floating-point noise
+NOISE = 1e-10
+
+
+def _fmt(x: float, scale: float = 1.0) -> str:
+    """Format a number for the text table; a magnitude below ``NOISE * scale`` (e.g. a
+    stderr of 2e-15 where the values are about 1) is rounding noise and shows as 0."""
     if math.isnan(x):
         return "nan"
+    if abs(x) < NOISE * max(scale, 1e-300):
+        return "0"
     return f"{x:.6g}"
 
 
@@ -98,9 +105,15 @@ class Report(Mapping[str, Estimate]):
         level = f"{100 * self.confidence:g}% CI"
         header = ["estimator", "value", "stderr", level, "normalized"]
         rows = []
+        values = [abs(v) for est in self._estimates.values()
+                  for v in (est.value, est.ci_low, est.ci_high, est.normalized)
+                  if math.isfinite(v)]
+        scale = max([abs(self.logged_value)] + values) if math.isfinite(self.logged_value) \
+            else max(values, default=1.0)
         for name, est in self._estimates.items():
-            interval = f"[{_fmt(est.ci_low)}, {_fmt(est.ci_high)}]"
-            rows.append([name, _fmt(est.value), _fmt(est.stderr), interval, _fmt(est.normalized)])
+            interval = f"[{_fmt(est.ci_low, scale)}, {_fmt(est.ci_high, scale)}]"
+            rows.append([name, _fmt(est.value, scale), _fmt(est.stderr, scale), interval,
+                         _fmt(est.normalized, scale)])
         widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
         lines = [
             f"{self.kind}: {self.n} {unit}, logged policy value {_fmt(self.logged_value)}, "

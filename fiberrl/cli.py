@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import List, Optional
 
@@ -22,20 +23,28 @@ def _command_entry_points() -> list:
 
 
 def _backends(args: argparse.Namespace) -> int:
+    """``fiberrl backends``: each backend, ``*`` on the configured one, and what a
+    backend that cannot run here is missing."""
     from .backends import available_backends
+    from .backends.requirements import missing_requirement
     from .config import get_config
     current = get_config().backend
     for name in available_backends():
-        print(f"{'*' if name == current else ' '} {name}")
+        problem = missing_requirement(name)
+        line = f"{'*' if name == current else ' '} {name}"
+        print(f"{line:<14}  unavailable: {problem}" if problem else line)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser with every registered subcommand."""
     from . import __version__
-    parser = argparse.ArgumentParser(prog="fiberrl", description=__doc__.splitlines()[0])
+    from .cli_support import ArgumentParser, add_debug_argument
+    parser = ArgumentParser(prog="fiberrl", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"fiberrl {__version__}")
-    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    parser.add_argument("--log-level", default=None,
+                        help="logging level (default WARNING, or FIBERRL_LOG_LEVEL)")
+    add_debug_argument(parser, top_level=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     backends = sub.add_parser("backends", help="list the backends available here")
     backends.set_defaults(func=_backends)
@@ -46,19 +55,24 @@ def build_parser() -> argparse.ArgumentParser:
             entry.load()(sub)
         except Exception:  # a broken plugin must not break the whole command
             logger.exception("could not load fiberrl command %r", entry.name)
+    from .cli_support import add_debug_everywhere, set_prog
+    add_debug_everywhere(sub)
+    set_prog(sub)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``fiberrl`` command."""
+    from .cli_support import run_command
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper())
+    level = (args.log_level or os.environ.get("FIBERRL_LOG_LEVEL") or "WARNING").upper()
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     func = getattr(args, "func", None)
     if func is None:
-        parser.print_help()
+        parser.print_help(sys.stderr)
         return 2
-    return int(func(args) or 0)
+    return run_command(func, args, getattr(args, "_prog", None) or "fiberrl")
 
 
 if __name__ == "__main__":

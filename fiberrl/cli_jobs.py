@@ -30,6 +30,7 @@ from typing import Optional
 
 from .backends import default_backend, get_backend
 from .backends.base import RUN_ENV, Backend, Job, JobSpec, run_id
+from .cli_support import UsageError
 from .config import get_config, init
 from .errors import BackendError
 
@@ -70,9 +71,33 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _backend(name: Optional[str]) -> Backend:
+    """The backend ``name`` (default: the configured one), checked by :func:`check_backend`."""
+    check_backend(name or get_config().backend)
     if name:
         init(backend=name)
     return default_backend()
+
+
+def check_backend(chosen: str) -> None:
+    """Raise :class:`UsageError` when backend ``chosen`` does not exist or misses what
+    it needs here (an extra, Slurm's commands)."""
+    from .backends import available_backends
+    from .backends.requirements import missing_requirement
+    if chosen not in available_backends():
+        raise UsageError(f"unknown backend {chosen!r}; choose one of "
+                         f"{', '.join(available_backends())} (fiberrl backends lists them)")
+    problem = missing_requirement(chosen)
+    if problem:
+        raise UsageError(problem)
+
+
+def _attach(backend: Backend, job_id: str) -> Job:
+    """The job ``job_id``; :class:`UsageError` when there is no such fiberrl job."""
+    try:
+        return backend.attach(job_id)
+    except (BackendError, ValueError, KeyError) as exc:
+        raise UsageError(f"{exc}; fiberrl ps --backend {backend.name} lists this user's "
+                         "jobs") from None
 
 
 # -- ps / logs / cancel ---------------------------------------------------------------
@@ -90,25 +115,26 @@ def _ps(args: argparse.Namespace) -> int:
 def _logs(args: argparse.Namespace) -> int:
     backend = _backend(args.backend)
     if backend.name == "local":
-        print("local jobs write to their parent's terminal; fiberrl keeps no log of them",
-              file=sys.stderr)
-        return 1
-    job = backend.attach(args.job)
+        raise UsageError("local jobs write to their parent's terminal; fiberrl keeps no log "
+                         "of them")
+    job = _attach(backend, args.job)
     print(backend.logs(job, args.tail))
     return 0
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    backend = _backend(args.backend)
     if args.all == bool(args.jobs):
-        print("name the jobs to cancel, or --all", file=sys.stderr)
-        return 2
-    ids = args.jobs or [j.id for j in backend.list_jobs()
-                        if (not args.run or j.run == args.run)
-                        and not backend.status(backend.attach(j.id)).state.finished]
-    for job_id in ids:
-        backend.terminate(backend.attach(job_id), force=args.force)
-        print(f"cancelled {job_id}")
+        raise UsageError("name the jobs to cancel, or --all")
+    backend = _backend(args.backend)
+    if args.jobs:
+        jobs = [_attach(backend, job_id) for job_id in args.jobs]  # all checked before any is cancelled
+    else:
+        jobs = [backend.attach(j.id) for j in backend.list_jobs()
+                if (not args.run or j.run == args.run)]
+        jobs = [job for job in jobs if not backend.status(job).state.finished]
+    for job in jobs:
+        backend.terminate(job, force=args.force)
+        print(f"cancelled {job.id}")
     return 0
 
 
@@ -116,9 +142,14 @@ def _cancel(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     name = args.backend or get_config().backend
     script = args.script
-    if not os.path.exists(script):
-        print(f"no such script: {script}", file=sys.stderr)
-        return 2
+    if not os.path.isfile(script):
+        raise UsageError(f"no such script: {script}")
+    check_backend(name)  # an unknown backend or a missing extra, before anything starts
+    if name in ("docker", "kubernetes") and not args.no_build:
+        from .backends.requirements import missing_requirement
+        problem = missing_requirement("docker")
+        if problem:
+            raise UsageError(f"building the image: {problem}")
     env = {"FIBERRL_BACKEND": name, RUN_ENV: run_id()}
     extra = dict(get_config().extra)
     spec = JobSpec(command=[sys.executable, script, *args.args], name=f"main-{os.path.basename(script)}",

@@ -60,12 +60,13 @@ class RemoteError(Exception):
 class TaskRetryError(JobFailedError):
     """A pool task whose workers died ``max_task_retries`` times while running it.
 
-    ``task`` names the task; ``deaths`` says how each of those workers ended.
+    ``task`` names the call and the input indices of its items (``map of f, items
+    16-19 of the input``); ``deaths`` says how each of those workers ended.
     """
 
     def __init__(self, task: str, deaths: "list[str]") -> None:
         how = "; ".join(deaths)
-        super().__init__(f"{task} was running on {len(deaths)} workers that died ({how}); "
+        super().__init__(f"{task}: {len(deaths)} workers died while running it ({how}); "
                          "not retrying it again")
         self.task = task
         self.deaths = list(deaths)

@@ -28,7 +28,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``train``."""
     parser.add_argument("algo", metavar="ALGO",
                         help="algorithm: es, ppo, dqn, parametric_dqn, ddpg or td3")
-    parser.add_argument("--env", required=True, help="gymnasium id, e.g. CartPole-v1")
+    parser.add_argument("--env", help="gymnasium id, e.g. CartPole-v1 (required)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--total-steps", type=int, default=100_000, help="training env steps")
     parser.add_argument("--workers", type=int, default=0,
@@ -37,11 +37,14 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-envs", type=int, default=None,
                         help="envs of step-driven algorithms (PPO: 4, the others: 1)")
     parser.add_argument("--backend", default=None, help="fiberrl backend (default: config)")
-    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--out", default=None,
+                        help="output directory (default runs/ALGO-ENV-TIMESTAMP); one that "
+                             "already holds a run needs --resume")
     parser.add_argument("--eval-every", type=int, default=None,
                         help="env steps between evaluations (default total/20)")
     parser.add_argument("--eval-episodes", type=int, default=10)
-    parser.add_argument("--resume", action="store_true", help="continue from OUT's last checkpoint")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --out from its last checkpoint")
     parser.add_argument("--stop-on-solve", action="store_true",
                         help="stop at the first evaluation at or above the env's reward threshold")
     parser.add_argument("--set", dest="settings", action="append", type=_parse_setting, default=[],
@@ -55,25 +58,60 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def train_command(args: argparse.Namespace) -> int:
-    """Run ``train`` for parsed ``args``."""
-    from .train import TrainSpec, algorithm_names, train
-    if args.algo not in algorithm_names():
-        logger.error("unknown algorithm %r; choose one of %s", args.algo, ", ".join(algorithm_names()))
-        return 2
-    overrides: Dict[str, Any] = dict(args.settings)
-    spec = TrainSpec(algo=args.algo, env=args.env, out=args.out, seed=args.seed,
+    """Run ``train`` for parsed ``args``: every check first (:mod:`rl.preflight`), then
+    the run; bad input raises :class:`fiberrl.cli_support.UsageError`."""
+    from pathlib import Path
+    from . import preflight
+    from fiberrl.cli_support import UsageError
+    preflight.check_algorithm(args.algo)
+    if not args.env:
+        raise UsageError("--env is required (a gymnasium id, e.g. CartPole-v1)")
+    for name in ("total_steps", "eval_episodes", "ranks"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.workers < 0:
+        raise UsageError("--workers must be 0 or more")
+    from .train import DATA_PARALLEL
+    if args.ranks > 1 and args.algo not in DATA_PARALLEL:
+        raise UsageError(f"--ranks > 1 is available for {', '.join(DATA_PARALLEL)}, not {args.algo}")
+    if args.ranks > 1 and args.stop_on_solve:
+        raise UsageError("--stop-on-solve cannot be used with --ranks > 1 (only rank 0 evaluates)")
+    preflight.check_env(args.algo, args.env)
+    overrides = preflight.check_settings(args.algo, args.settings)
+    preflight.check_backend(args.backend)
+    out = Path(args.out) if args.out else preflight.default_out(args.algo, args.env)
+    preflight.check_out(out, args.resume, f"each run gets runs/{args.algo}-ENV-TIMESTAMP")
+    from .train import TrainSpec, train
+    spec = TrainSpec(algo=args.algo, env=args.env, out=out, seed=args.seed,
                      total_steps=args.total_steps, workers=args.workers, num_envs=args.num_envs,
                      backend=args.backend, eval_every=args.eval_every,
                      eval_episodes=args.eval_episodes, resume=args.resume,
                      stop_on_solve=args.stop_on_solve,
                      progress=False if args.no_progress else None, overrides=overrides,
                      ranks=args.ranks, devices=args.devices)
-    summary = train(spec)
-    sys.stdout.write(f"{args.algo} on {args.env}: evaluation mean {summary['eval_mean']:.2f} "
-                     f"± {summary['eval_std']:.2f} after {summary['env_steps']} env steps "
-                     f"({summary['wall_s']:.1f} s); solved at {summary['solved_at_steps']}; "
-                     f"outputs in {args.out}\n")
+    try:
+        summary = train(spec)
+    except ValueError as error:  # settings the algorithm itself rejects (ranges, combinations)
+        raise UsageError(str(error)) from error
+    sys.stdout.write(result_line(args.algo, args.env, summary, out) + "\n")
     return 0
+
+
+def result_line(algo: str, env: str, summary: Dict[str, Any], out: Any) -> str:
+    """The line ``fiberrl train`` ends with: the final evaluation, when (or whether) the
+    env's reward threshold was reached, and where the outputs are."""
+    mean, std = summary.get("eval_mean"), summary.get("eval_std")
+    result = ("no evaluation" if mean is None
+              else f"evaluation mean {mean:.2f} ± {std or 0.0:.2f}")
+    solved, threshold = summary.get("solved_at_steps"), summary.get("reward_threshold")
+    if solved is not None:
+        verdict = f"solved (reward threshold {threshold:g}) at {solved} env steps"
+    elif threshold is not None:
+        verdict = f"not solved (reward threshold {threshold:g} not reached)"
+    else:
+        verdict = f"{env} has no reward threshold"
+    return (f"{algo} on {env}: {result} after {summary['env_steps']} env steps "
+            f"({summary['wall_s']:.1f} s); {verdict}; outputs in {out}")
 
 
 def _add_commands(subparsers: Any) -> None:
@@ -96,19 +134,28 @@ def register(subparsers: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """Stand-alone parser for ``python -m rl``."""
-    parser = argparse.ArgumentParser(prog="python -m rl", description="fiberrl's RL commands")
-    parser.add_argument("--log-level", default="WARNING")
+    from fiberrl.cli_support import (ArgumentParser, add_debug_argument, add_debug_everywhere,
+                                     set_prog)
+    parser = ArgumentParser(prog="python -m rl", description="fiberrl's RL commands")
+    parser.add_argument("--log-level", default=None)
+    add_debug_argument(parser, top_level=True)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
     _add_commands(commands)
+    add_debug_everywhere(commands)
+    set_prog(commands)
     return parser
 
 
 def run(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m rl``: parse ``argv`` and run the chosen command."""
+    """``python -m rl``: parse ``argv`` and run the chosen command under the error
+    contract of :mod:`fiberrl.cli_support`."""
+    import os
+    from fiberrl.cli_support import run_command
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    return int(args.func(args) or 0)
+    level = (args.log_level or os.environ.get("FIBERRL_LOG_LEVEL") or "WARNING").upper()
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    return run_command(args.func, args, getattr(args, "_prog", None) or "python -m rl")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -299,3 +299,10 @@ def sleep_then_square(pair):
     seconds, x = pair
     time.sleep(seconds)
     return x * x
+
+
+def fails_on(bad, x):
+    """Raise ValueError for item ``bad``; otherwise return x*x."""
+    if x == bad:
+        raise ValueError(f"bad item {x}")
+    return x * x

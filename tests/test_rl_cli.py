@@ -40,11 +40,13 @@ def test_train_writes_every_output_and_resumes(tmp_path):
     assert resumed["wall_s"] > summary["wall_s"]
 
 
-def test_unknown_algorithm_and_environment(tmp_path, caplog):
-    assert run(["train", "nope", "--env", "CartPole-v1", "--out", str(tmp_path)]) == 2
-    assert "unknown algorithm 'nope'" in caplog.text
-    with pytest.raises(ValueError, match="unknown environment"):
-        run(["train", "ppo", "--env", "NoSuchEnv-v9", "--out", str(tmp_path), "--no-progress"])
+def test_unknown_algorithm_and_environment(tmp_path, capsys):
+    assert run(["train", "nope", "--env", "CartPole-v1", "--out", str(tmp_path / "x")]) == 2
+    assert "python -m rl train: error: unknown algorithm 'nope'" in capsys.readouterr().err
+    assert run(["train", "ppo", "--env", "NoSuchEnv-v9", "--out", str(tmp_path / "x"),
+                "--no-progress"]) == 2
+    assert "unknown environment" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_fiberrl_program_has_the_train_command():

@@ -384,8 +384,9 @@ class Dispatcher:
             link.channel.close()
         requeue, exhausted = self.pending.worker_lost(worker_id, how)
         if requeue:
-            logger.warning("pool worker %d lost (%s): re-running %d task(s)", worker_id, how,
-                           len(requeue))
+            logger.log(logging.WARNING if unexpected else logging.INFO,
+                       "pool worker %d %s (%s): re-running %d task(s)", worker_id,
+                       "lost" if unexpected else "gone", how, len(requeue))
         self.queue.extendleft(reversed(requeue))
         for task in exhausted:
             error = TaskRetryError(task.describe(), task.deaths)

@@ -343,7 +343,7 @@ class Pool:
         try:
             batch = []
             for index, chunk in enumerate(chunks(iterable, chunksize)):
-                batch.append(result._make_task(index, mode, chunk, len(chunk)))
+                batch.append(result._make_task(index, mode, chunk, len(chunk), index * chunksize))
                 if len(batch) >= 256:
                     core.dispatcher.submit(result, batch, False)
                     batch = []
@@ -392,7 +392,7 @@ def _feed(core: _PoolCore, result: IMapIterator, iterator, chunksize: int, mode:
             if not chunk:
                 break
             try:
-                task = result._make_task(index, mode, chunk, len(chunk))
+                task = result._make_task(index, mode, chunk, len(chunk), index * chunksize)
             except Exception as exc:
                 result._input_failed(index, exc)
                 dispatcher.submit(result, [], True)

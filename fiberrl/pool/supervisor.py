@@ -26,6 +26,7 @@ import logging
 import os
 import queue
 import secrets
+import signal
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -33,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from ..errors import JobFailedError
 from ..popen import submit_together
 from ..process import Process
-from .worker import run_worker
+from .worker import INTERRUPTED_EXIT, run_worker
 
 logger = logging.getLogger(__name__)
 
@@ -171,13 +172,18 @@ class Supervisor:
         if process.exitcode is None:
             process.kill()
             process.join(5.0)
+        interrupted = process.exitcode in (INTERRUPTED_EXIT, -signal.SIGINT)
         if "heartbeat" in hint:
             how = f"worker {record.id} (job {process.job_id}) sent {hint} and was killed"
+        elif interrupted:
+            how = f"worker {record.id} (job {process.job_id}) interrupted (SIGINT)"
         elif process.exitcode is not None:
             how = self._describe(record)
         else:
             how = f"worker {record.id} (job {process.job_id}): {hint}"
-        unexpected = not record.expected_exit and not self.shutting_down
+        # Ctrl-C reaches every process of the terminal's group: the caller is being
+        # interrupted too, so an interrupted worker is no loss to warn about
+        unexpected = not record.expected_exit and not self.shutting_down and not interrupted
         if unexpected:
             self.worker_deaths += 1
             logger.warning("pool %s: %s", self.name, how)

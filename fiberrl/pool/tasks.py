@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import abc
 import collections
+import functools
 import itertools
 import threading
 import time
 from typing import Any, Callable, Iterable, List, Optional
 
 from .. import reduction
-from ..errors import TimeoutError
+from ..errors import JobFailedError, TimeoutError
 from .progress import make_progress
 
 #: What a task does with its pickled arguments in the worker.
 APPLY, MAP, STARMAP = 0, 1, 2
+#: Set by a worker on an exception a map task raised: the failing item's offset in the chunk.
+ITEM_ATTRIBUTE = "_fiberrl_chunk_offset"
 
 _task_ids = itertools.count(1)
 _func_ids = itertools.count(1)
@@ -38,9 +41,16 @@ class Function:
     def __init__(self, func: Callable[..., Any], cached: bool) -> None:
         self.id = next(_func_ids)
         self.frames = reduction.dumps(func)
-        self.name = getattr(func, "__qualname__", None) or repr(func)[:80]
+        self.name = _function_name(func)
         self.users = 0
         self.cached = cached
+
+
+def _function_name(func: Callable[..., Any]) -> str:
+    """A short name for errors: the qualified name, ``partial(f)`` for a partial."""
+    if isinstance(func, functools.partial):
+        return f"partial({_function_name(func.func)})"
+    return getattr(func, "__qualname__", None) or repr(func)[:80]
 
 
 class FunctionTable:
@@ -93,13 +103,15 @@ class FunctionTable:
 class Task:
     """One chunk of one call: its pickled arguments and where it has been."""
 
-    __slots__ = ("id", "call", "index", "mode", "frames", "size", "deaths", "suspect",
+    __slots__ = ("id", "call", "index", "first", "mode", "frames", "size", "deaths", "suspect",
                  "worker", "started")
 
-    def __init__(self, call: "Call", index: int, mode: int, payload: Any, size: int) -> None:
-        self.id = next(_task_ids)
+    def __init__(self, call: "Call", index: int, mode: int, payload: Any, size: int,
+                 first: int = 0) -> None:
+        self.id = next(_task_ids)  # internal: the pending table's key, never shown to users
         self.call = call
         self.index = index
+        self.first = first            # the input index of the chunk's first item
         self.mode = mode
         self.frames = reduction.dumps(payload)
         self.size = size
@@ -108,9 +120,29 @@ class Task:
         self.worker: Optional[int] = None
         self.started = 0.0
 
-    def describe(self) -> str:
+    def describe(self, offset: Optional[int] = None) -> str:
+        """What the task is, for errors: the call, and the input indices of its items
+        (``offset``: the one item, within the chunk, to name)."""
         what = {APPLY: "apply", MAP: "map", STARMAP: "starmap"}[self.mode]
-        return f"task {self.id} ({what} of {self.call.function.name}, chunk {self.index})"
+        name = f"{what} of {self.call.function.name}"
+        if self.mode == APPLY:
+            return name
+        last = self.first + self.size - 1
+        items = f"item {self.first}" if self.size == 1 else f"items {self.first}-{last}"
+        if offset is not None and 0 <= offset < self.size:
+            if self.size == 1:
+                return f"{name}, item {self.first} of the input"
+            return f"{name}, item {self.first + offset} of the input (its chunk: {items})"
+        return f"{name}, {items} of the input"
+
+    def name_item(self, exc: BaseException) -> None:
+        """Add a note to ``exc``, raised by this task, naming the input item it came from."""
+        offset = exc.__dict__.pop(ITEM_ATTRIBUTE, None) if hasattr(exc, "__dict__") else None
+        note = f"raised by {self.describe(offset)}"
+        if hasattr(exc, "add_note"):
+            exc.add_note(note)
+        else:  # Python < 3.11: kept where 3.11's traceback would print it
+            exc.__notes__ = [*getattr(exc, "__notes__", []), note]
 
 
 class Call(abc.ABC):
@@ -129,8 +161,8 @@ class Call(abc.ABC):
         self.mean_duration: Optional[float] = None  # seconds per task, measured by workers
 
     # -- called by the pool ------------------------------------------------------
-    def _make_task(self, index: int, mode: int, payload: Any, size: int) -> Task:
-        return Task(self, index, mode, payload, size)
+    def _make_task(self, index: int, mode: int, payload: Any, size: int, first: int = 0) -> Task:
+        return Task(self, index, mode, payload, size, first)
 
     def _task_done(self, task: Task, ok: bool, value: Any, duration: float) -> None:
         """A task of this call finished (I/O thread)."""
@@ -143,6 +175,9 @@ class Call(abc.ABC):
             if self._submitted_all and self._outstanding <= 0:
                 self._progress.close()  # the bar's last line comes before the result
                 self._progress = None
+        if (not ok and isinstance(value, BaseException) and task.mode != APPLY
+                and not isinstance(value, JobFailedError)):  # those name the task themselves
+            task.name_item(value)
         self._set(task.index, ok, value)
         self._maybe_release()
 

@@ -33,11 +33,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import reduction
 from ..errors import TaskDeserializationError
-from .tasks import APPLY, MAP
+from .tasks import APPLY, ITEM_ATTRIBUTE, MAP
 from .wire import WorkerConnection
 
 logger = logging.getLogger(__name__)
 
+#: a worker's exit status after Ctrl-C (128 + SIGINT, as a shell reports it): it exits
+#: quietly, and the pool logs it as interrupted, not lost
+INTERRUPTED_EXIT = 130
 _FLUSH_AFTER = 0.001   # seconds a finished result may wait for company
 _FLUSH_COUNT = 256
 
@@ -97,13 +100,21 @@ def _execute(func: Any, mode: int, frames: List[Any]) -> Tuple[bool, Any]:
         return False, TaskDeserializationError(
             f"could not unpickle the task's arguments in the worker: {type(exc).__name__}: {exc}",
             traceback.format_exc())
+    results: List[Any] = []
     try:
         if mode == APPLY:
             return True, func(*args[0], **args[1])
+        append = results.append
         if mode == MAP:
-            return True, [func(item) for item in args]
-        return True, [func(*item) for item in args]
+            for item in args:
+                append(func(item))
+        else:
+            for item in args:
+                append(func(*item))
+        return True, results
     except Exception as exc:
+        if mode != APPLY:
+            exc.__dict__[ITEM_ATTRIBUTE] = len(results)  # the pool names the item's index
         return False, ExceptionWithTraceback(exc, exc.__traceback__)
 
 
@@ -221,6 +232,9 @@ def run_worker(address: tuple, worker_id: int, token: str, initializer: Optional
         conn.send(("bye",))
     except (OSError, EOFError) as exc:
         logger.info("worker %d lost its pool: %s", worker_id, exc)
+    except KeyboardInterrupt:  # Ctrl-C reached the whole process group: no traceback
+        logger.info("worker %d interrupted", worker_id)
+        raise SystemExit(INTERRUPTED_EXIT) from None
     finally:
         heartbeat.stopped.set()
         conn.close()

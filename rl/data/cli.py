@@ -15,7 +15,9 @@ import argparse
 import json
 import logging
 import sys
-from typing import Dict
+from typing import Dict, NoReturn
+
+from fiberrl.cli_support import UsageError
 
 from .schema import FORMATS, LoggedDataError
 
@@ -49,9 +51,10 @@ def _init_backend(args: argparse.Namespace) -> None:
         fiberrl.init(backend=args.backend)
 
 
-def _fail(error: Exception) -> int:
-    sys.stderr.write(f"error: {error}\n")
-    return 2
+def _fail(error: Exception) -> NoReturn:
+    """Bad input: one ``fiberrl workflow STEP: error:`` line, exit status 2
+    (:mod:`fiberrl.cli_support`)."""
+    raise UsageError(str(error)) from error
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -61,7 +64,7 @@ def run_generate(args: argparse.Namespace) -> int:
         summary = generate_logged_data(args.env, args.episodes, args.epsilon, args.out,
                                        seed=args.seed, format=args.format)
     except _ERRORS as error:
-        return _fail(error)
+        _fail(error)
     sys.stdout.write(f"wrote {summary['rows']} logged rows of {args.episodes} episodes of "
                      f"{args.env} to {args.out}\n")
     return 0
@@ -78,7 +81,7 @@ def run_timeline_command(args: argparse.Namespace) -> int:
                                 format=args.format, overwrite=args.overwrite,
                                 progress=not args.no_progress)
     except _ERRORS as error:
-        return _fail(error)
+        _fail(error)
     sys.stdout.write(f"wrote {metadata['rows']} transitions of {metadata['mdps']} MDPs in "
                      f"{len(metadata['shards'])} shards to {args.out}\n")
     return 0
@@ -119,7 +122,7 @@ def run_normalize(args: argparse.Namespace) -> int:
         spec = identify_features(samples, overrides, counts, options, field=args.field)
         save_spec(spec, args.out)
     except (*_ERRORS, json.JSONDecodeError) as error:
-        return _fail(error)
+        _fail(error)
     kinds: Dict[str, int] = {}
     for params in spec["features"].values():
         kinds[params["type"]] = kinds.get(params["type"], 0) + 1
@@ -190,7 +193,8 @@ def register_workflow(subparsers) -> argparse.ArgumentParser:
                              "with CPE -> export, from a config file")
     train.add_argument("--config", required=True, help="workflow config (TOML or JSON)")
     train.add_argument("--resume", action="store_true",
-                       help="continue training from the newest checkpoint")
+                       help="continue training from the newest checkpoint (needed when the "
+                            "config's out already holds a run)")
     train.add_argument("--no-progress", action="store_true", help="no progress bars")
     train.set_defaults(func=run_train)
     return workflow
@@ -198,14 +202,15 @@ def register_workflow(subparsers) -> argparse.ArgumentParser:
 
 def run_train(args: argparse.Namespace) -> int:
     """``workflow train``: the whole offline workflow from a config file."""
-    from ..offline.workflow import load_config, run_workflow
+    from ..offline.workflow import check_config, load_config, run_workflow
     try:
         config = load_config(args.config)
         if args.resume:
             config.training.resume = True
+        check_config(config)
         summary = run_workflow(config, progress=not args.no_progress)
     except (*_ERRORS, FileNotFoundError) as error:
-        return _fail(error)
+        _fail(error)
     cpe = (summary.get("cpe") or {}).get("sequential", {})
     dr = cpe.get("dr", {})
     parts = [f"trained {len(summary['epochs'])} epochs into {config.out}",

@@ -142,6 +142,30 @@ def load_config(path: Path) -> WorkflowConfig:
                           model=dict(raw.get("model", {})), generate=generate)
 
 
+#: export format -> (modules it needs, the fiberrl extra that installs them)
+EXPORT_NEEDS = {"onnx": (("onnx", "onnxscript"), "export")}
+
+
+def check_config(config: WorkflowConfig) -> None:
+    """What must hold before any work starts: the extras the export formats need are
+    installed, the backend exists, and ``out`` does not hold an earlier run unless
+    ``training.resume`` is set. Raises :class:`fiberrl.cli_support.UsageError`."""
+    from fiberrl.cli_support import UsageError, require_modules
+    for fmt in config.export.formats:
+        if fmt in EXPORT_NEEDS:
+            modules, extra = EXPORT_NEEDS[fmt]
+            require_modules(modules, extra, f"[export] formats = {fmt!r}")
+    if config.data.backend:
+        from fiberrl.cli_jobs import check_backend
+        check_backend(config.data.backend)
+    out = config.out
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"out = {str(out)!r} is a file, not a directory")
+    if not config.training.resume and out.is_dir() and any(out.iterdir()):
+        raise UsageError(f"out = {str(out)!r} already holds an earlier run; pass --resume to "
+                         "continue it, or set another out in the config")
+
+
 def _policy(config: WorkflowConfig, spec: Dict[str, Any], features: Sequence[str],
             num_actions: int) -> Any:
     import gymnasium as gym

@@ -119,7 +119,7 @@ def test_load_gives_data_objects(tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    ('{"action": 0, "reward": 1, "target_probs": [1.0]}\n', "missing required field.*logged_propensity"),
+    ('{"action": 0, "reward": 1, "target_probs": [1.0]}\n', "missing required field.*action_probability"),
     ('{"action": 0, "reward": 1, "logged_propensity": 0, "target_probs": [1.0]}\n', "zero propensity"),
     ('{"action": 0, "reward": 1, "logged_propensity": 1, "target_probs": [1.0]}\n'
      '{"action": 0, "reward": 1, "logged_propensity": 1, "target_probs": [0.5, 0.5]}\n', "different lengths"),

@@ -1,0 +1,119 @@
+"""Ctrl-C (SIGINT to the whole process group, as a terminal sends it) during a
+``pool.map`` script and during ``fiberrl train es``: the command exits within 3 s,
+prints at most one line per process, leaves nothing running, and the pool does not
+report its interrupted workers as lost. Also: a never-closed ``Manager().Pool()``
+prints nothing at exit."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+POOL_SCRIPT = """
+import sys, time
+import fiberrl
+
+def slow(x):
+    time.sleep(30)
+    return x
+
+if __name__ == "__main__":
+    with fiberrl.Pool(2) as pool:
+        pool.apply(time.sleep, (0,))   # both workers' start-up is behind us
+        pool.apply(time.sleep, (0,))
+        print("STARTED", flush=True)
+        try:
+            pool.map(slow, range(8), chunksize=1)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            sys.exit(130)
+"""
+
+
+def _session(pid):
+    alive = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getsid(proc.pid) == pid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(proc.pid)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            pass
+    return alive
+
+
+def _interrupt(cmd, ready, cwd, env=None):
+    """Start ``cmd`` in its own session, wait until ``ready()``, SIGINT the group;
+    returns (exit status, seconds to exit, stderr)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready(proc):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "never got ready"
+            time.sleep(0.1)
+        time.sleep(0.5)
+        started = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 3
+    while _session(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _session(proc.pid) == [], "processes left running after Ctrl-C"
+    return proc.returncode, took, err
+
+
+def _check_quiet(err):
+    lines = err.splitlines()
+    assert "Traceback" not in err, err
+    assert " lost " not in err and "SIGTERM" not in err, err
+    assert len(lines) <= 1, err   # the master's one line; the workers say nothing
+
+
+def test_ctrl_c_during_pool_map(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(POOL_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code, took, err = _interrupt([sys.executable, str(script)],
+                                 lambda p: p.stdout.readline().startswith("STARTED"), tmp_path, env)
+    assert code == 130, err
+    assert took < 3, took
+    _check_quiet(err)
+    assert err.strip() == "interrupted"
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_fiberrl_train_es(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "es"
+    fiberrl = Path(sys.executable).with_name("fiberrl")
+    cmd = [str(fiberrl), "train", "es", "--env", "CartPole-v1", "--total-steps", "5000000",
+           "--workers", "2", "--no-progress", "--eval-every", "2000", "--out", str(out)]
+    code, took, err = _interrupt(cmd, lambda p: (out / "summary.json").exists(), tmp_path)
+    assert code == 130, err
+    assert took < 3, took
+    _check_quiet(err)
+    assert err.strip() == "fiberrl train: interrupted"
+
+
+def test_an_unclosed_manager_pool_is_quiet_at_exit(tmp_path):
+    script = tmp_path / "mgr.py"
+    script.write_text("import fiberrl\n\ndef sq(x):\n    return x * x\n\n"
+                      "if __name__ == '__main__':\n    pool = fiberrl.Manager().Pool(2)\n"
+                      "    print(pool.map(sq, range(5)))\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[0, 1, 4, 9, 16]"
+    # no per-worker "killed by signal 15 (SIGTERM)" warnings when the server stops them
+    assert "SIGTERM" not in done.stderr and "killed by signal" not in done.stderr, done.stderr
