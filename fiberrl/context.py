@@ -10,6 +10,7 @@ them from a warm fork server unless the ``forkserver`` setting is off.
 from __future__ import annotations
 
 import os
+from multiprocessing import context as _mp_context
 from typing import Any, Optional
 
 from . import errors
@@ -17,8 +18,13 @@ from . import errors
 _START_METHODS = ["fiberrl", "spawn", "fork", "forkserver"]
 
 
-class FiberContext:
-    """A ``multiprocessing`` context whose processes are jobs."""
+class FiberContext(_mp_context.BaseContext):
+    """A ``multiprocessing`` context whose processes are jobs.
+
+    It is a ``multiprocessing.context.BaseContext``, so libraries that type-check the
+    context they are given (torch's ``DataLoader(multiprocessing_context=...)``,
+    ``concurrent.futures``) accept it; every factory hands out fiberrl's objects.
+    """
 
     ProcessError = errors.ProcessError
     BufferTooShort = errors.BufferTooShort
@@ -31,6 +37,7 @@ class FiberContext:
 
     def __init__(self, start_method: str = "spawn") -> None:
         self._start_method = start_method
+        self._reducer: Any = None
 
     @property
     def Process(self):
@@ -242,6 +249,25 @@ class FiberContext:
         """Log fiberrl's records to stderr."""
         from .log import log_to_stderr
         return log_to_stderr(level if level is not None else 20)
+
+    @property
+    def reducer(self):
+        """The pickling module of this context (:mod:`fiberrl.reduction`), as
+        ``multiprocessing.reducer`` is ``multiprocessing.reduction``."""
+        if self._reducer is not None:
+            return self._reducer
+        from . import reduction
+        return reduction
+
+    @reducer.setter
+    def reducer(self, reduction: Any) -> None:
+        self._reducer = reduction
+
+    def _check_available(self) -> None:
+        """Every start method name maps to fiberrl's jobs, which are always available."""
+
+    def __repr__(self) -> str:
+        return f"<fiberrl.FiberContext start_method={self._start_method!r}>"
 
 
 default_context = FiberContext()
