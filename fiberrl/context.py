@@ -271,3 +271,18 @@ class FiberContext(_mp_context.BaseContext):
 
 
 default_context = FiberContext()
+
+
+def register_with_stdlib(name: str = "fiberrl") -> str:
+    """Make ``multiprocessing.get_context(name)`` return fiberrl's default context, and
+    return ``name``.
+
+    For libraries that take a context *name* rather than an object and resolve it
+    with the stdlib, such as gymnasium's ``AsyncVectorEnv(context="fiberrl")``. It
+    adds one entry to the stdlib's table of contexts in this process (it changes
+    nothing else: ``multiprocessing``'s default context stays what it was).
+    """
+    if name in ("fork", "spawn", "forkserver"):
+        raise ValueError(f"{name!r} is one of the stdlib's own start methods; pick another name")
+    _mp_context._concrete_contexts[name] = default_context
+    return name
