@@ -272,6 +272,24 @@ class FiberContext(_mp_context.BaseContext):
 
 default_context = FiberContext()
 
+# The stdlib's names for its contexts and their process classes: every start method
+# is a fiberrl context here, and every process a job.
+BaseContext = _mp_context.BaseContext
+ProcessError, BufferTooShort = errors.ProcessError, errors.BufferTooShort
+TimeoutError, AuthenticationError = errors.TimeoutError, errors.AuthenticationError
+SpawnContext = ForkContext = ForkServerContext = FiberContext
+# whether a stdlib process is being spawned (fiberrl's objects pickle at any time)
+get_spawning_popen = _mp_context.get_spawning_popen
+set_spawning_popen = _mp_context.set_spawning_popen
+assert_spawning = _mp_context.assert_spawning
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Process", "SpawnProcess", "ForkProcess", "ForkServerProcess"):
+        from .process import Process
+        return Process
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def register_with_stdlib(name: str = "fiberrl") -> str:
     """Make ``multiprocessing.get_context(name)`` return fiberrl's default context, and

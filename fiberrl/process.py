@@ -16,6 +16,11 @@ from . import resources as _resources
 current_process = _mp_process.current_process
 parent_process = _mp_process.parent_process
 active_children = _mp_process.active_children
+BaseProcess = _mp_process.BaseProcess
+AuthenticationString = _mp_process.AuthenticationString
+ORIGINAL_DIR = _mp_process.ORIGINAL_DIR
+
+__all__ = ["BaseProcess", "Process", "current_process", "active_children", "parent_process"]
 
 
 class Process(_mp_process.BaseProcess):

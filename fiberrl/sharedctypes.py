@@ -28,6 +28,11 @@ from typing import Any, Optional
 from . import managers, shm_ctypes
 
 typecode_to_type = mp_sharedctypes.typecode_to_type
+SynchronizedBase = mp_sharedctypes.SynchronizedBase
+Synchronized = shm_ctypes.Synchronized
+SynchronizedString = shm_ctypes.SynchronizedString
+
+__all__ = ["RawValue", "RawArray", "Value", "Array", "copy", "synchronized"]
 
 
 def _ctype(typecode_or_type: Any) -> Any:

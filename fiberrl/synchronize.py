@@ -13,6 +13,12 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from . import coordination
+from .semlock import RECURSIVE_MUTEX, SEMAPHORE
+
+SEM_VALUE_MAX = __import__("_multiprocessing").SemLock.SEM_VALUE_MAX
+
+__all__ = ["Lock", "RLock", "Semaphore", "BoundedSemaphore", "Condition", "Event", "Barrier",
+           "RECURSIVE_MUTEX", "SEMAPHORE", "SEM_VALUE_MAX"]
 
 
 def Lock() -> Any:
