@@ -75,3 +75,11 @@ class Process(_mp_process.BaseProcess):
     def _check_started(self) -> None:
         if self._popen is None:
             raise ValueError("process not started")
+
+
+def __getattr__(name: str) -> Any:
+    """Private bookkeeping (``_children``, ``_dangling``, ``_cleanup``...) is the stdlib's:
+    fiberrl's processes are ``BaseProcess`` objects and share it."""
+    if name.startswith("_") and not name.startswith("__"):
+        return getattr(_mp_process, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
