@@ -10,6 +10,7 @@ them from a warm fork server unless the ``forkserver`` setting is off.
 from __future__ import annotations
 
 import os
+from multiprocessing import context as _mp_context
 from typing import Any, Optional
 
 from . import errors
@@ -17,8 +18,13 @@ from . import errors
 _START_METHODS = ["fiberrl", "spawn", "fork", "forkserver"]
 
 
-class FiberContext:
-    """A ``multiprocessing`` context whose processes are jobs."""
+class FiberContext(_mp_context.BaseContext):
+    """A ``multiprocessing`` context whose processes are jobs.
+
+    It is a ``multiprocessing.context.BaseContext``, so libraries that type-check the
+    context they are given (torch's ``DataLoader(multiprocessing_context=...)``,
+    ``concurrent.futures``) accept it; every factory hands out fiberrl's objects.
+    """
 
     ProcessError = errors.ProcessError
     BufferTooShort = errors.BufferTooShort
@@ -31,6 +37,7 @@ class FiberContext:
 
     def __init__(self, start_method: str = "spawn") -> None:
         self._start_method = start_method
+        self._reducer: Any = None
 
     @property
     def Process(self):
@@ -243,5 +250,57 @@ class FiberContext:
         from .log import log_to_stderr
         return log_to_stderr(level if level is not None else 20)
 
+    @property
+    def reducer(self):
+        """The pickling module of this context (:mod:`fiberrl.reduction`), as
+        ``multiprocessing.reducer`` is ``multiprocessing.reduction``."""
+        if self._reducer is not None:
+            return self._reducer
+        from . import reduction
+        return reduction
+
+    @reducer.setter
+    def reducer(self, reduction: Any) -> None:
+        self._reducer = reduction
+
+    def _check_available(self) -> None:
+        """Every start method name maps to fiberrl's jobs, which are always available."""
+
+    def __repr__(self) -> str:
+        return f"<fiberrl.FiberContext start_method={self._start_method!r}>"
+
 
 default_context = FiberContext()
+
+# The stdlib's names for its contexts and their process classes: every start method
+# is a fiberrl context here, and every process a job.
+BaseContext = _mp_context.BaseContext
+ProcessError, BufferTooShort = errors.ProcessError, errors.BufferTooShort
+TimeoutError, AuthenticationError = errors.TimeoutError, errors.AuthenticationError
+SpawnContext = ForkContext = ForkServerContext = FiberContext
+# whether a stdlib process is being spawned (fiberrl's objects pickle at any time)
+get_spawning_popen = _mp_context.get_spawning_popen
+set_spawning_popen = _mp_context.set_spawning_popen
+assert_spawning = _mp_context.assert_spawning
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Process", "SpawnProcess", "ForkProcess", "ForkServerProcess"):
+        from .process import Process
+        return Process
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def register_with_stdlib(name: str = "fiberrl") -> str:
+    """Make ``multiprocessing.get_context(name)`` return fiberrl's default context, and
+    return ``name``.
+
+    For libraries that take a context *name* rather than an object and resolve it
+    with the stdlib, such as gymnasium's ``AsyncVectorEnv(context="fiberrl")``. It
+    adds one entry to the stdlib's table of contexts in this process (it changes
+    nothing else: ``multiprocessing``'s default context stays what it was).
+    """
+    if name in ("fork", "spawn", "forkserver"):
+        raise ValueError(f"{name!r} is one of the stdlib's own start methods; pick another name")
+    _mp_context._concrete_contexts[name] = default_context
+    return name

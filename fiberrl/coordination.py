@@ -16,9 +16,10 @@ import threading
 from multiprocessing import process as mp_process
 from typing import Any, Dict, Optional, Tuple
 
-from . import managers, robust, sharedctypes
+from . import managers, robust, semlock, sharedctypes
 
-_SEMAPHORE_EXPOSED = managers.SemaphoreProxy._exposed_
+_LOCK_EXPOSED = semlock.LockProxy._exposed_
+_SEMAPHORE_EXPOSED = semlock.SemaphoreProxy._exposed_
 
 
 class EventProxy(managers.EventProxy):
@@ -31,11 +32,11 @@ class EventProxy(managers.EventProxy):
 
 #: typeid -> (factory, exposed methods, method_to_typeid, proxy type), as a manager registry
 REGISTRY: Dict[str, Tuple[Any, Any, Any, type]] = {
-    "Lock": (robust.Lock, managers.AcquirerProxy._exposed_, None, managers.AcquirerProxy),
-    "RLock": (robust.RLock, managers.AcquirerProxy._exposed_, None, managers.AcquirerProxy),
-    "Semaphore": (robust.Semaphore, _SEMAPHORE_EXPOSED, None, managers.SemaphoreProxy),
+    "Lock": (robust.Lock, _LOCK_EXPOSED, None, semlock.LockProxy),
+    "RLock": (robust.RLock, _LOCK_EXPOSED, None, semlock.LockProxy),
+    "Semaphore": (robust.Semaphore, _SEMAPHORE_EXPOSED, None, semlock.SemaphoreProxy),
     "BoundedSemaphore": (robust.BoundedSemaphore, _SEMAPHORE_EXPOSED, None,
-                         managers.SemaphoreProxy),
+                         semlock.SemaphoreProxy),
     "Condition": (robust.Condition, managers.ConditionProxy._exposed_, None,
                   managers.ConditionProxy),
     "Event": (robust.Event, EventProxy._exposed_, None, EventProxy),

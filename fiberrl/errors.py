@@ -13,7 +13,7 @@ from typing import Optional
 
 __all__ = ["ProcessError", "BufferTooShort", "TimeoutError", "AuthenticationError",
            "ConfigError", "BackendError", "JobFailedError", "RemoteError", "TaskRetryError",
-           "TaskDeserializationError", "PoolTerminatedError"]
+           "TaskDeserializationError", "PoolTerminatedError", "SharedMemoryHostError"]
 
 
 class ConfigError(ValueError):
@@ -111,3 +111,8 @@ class OwnerGoneError(ProcessError, ConnectionError):
 class ForgedMessageError(ConnectionError, EOFError):
     """A peer on an authenticated stream sent a message that failed its MAC or was
     malformed: the stream is dropped and nothing in it is unpickled."""
+
+
+class SharedMemoryHostError(ProcessError):
+    """A shared-memory object (``Value``/``Array`` on one host, ``SharedMemory``) was
+    received on a host other than the one whose memory holds it."""

@@ -43,6 +43,17 @@ RemoteError = mp_managers.RemoteError
 State = mp_managers.State
 Namespace = mp_managers.Namespace
 dispatch = mp_managers.dispatch
+# the stdlib's helpers that mean the same here (objects and functions of the server side)
+Value = mp_managers.Value
+Array = mp_managers.Array
+ProcessLocalSet = mp_managers.ProcessLocalSet
+RebuildProxy = mp_managers.RebuildProxy
+all_methods = mp_managers.all_methods
+public_methods = mp_managers.public_methods
+convert_to_error = mp_managers.convert_to_error
+rebuild_as_list = mp_managers.rebuild_as_list
+reduce_array = mp_managers.reduce_array
+HAS_SHMEM = mp_managers.HAS_SHMEM
 
 
 class _LoopbackConnection:
@@ -321,6 +332,8 @@ ValueProxy = _fiberrl_proxy(mp_managers.ValueProxy)
 ListProxy = _fiberrl_proxy(mp_managers.ListProxy)
 DictProxy = _fiberrl_proxy(mp_managers.DictProxy)
 ArrayProxy = _fiberrl_proxy(mp_managers.ArrayProxy, {"__iter__": _iterate_all})
+BaseListProxy = _fiberrl_proxy(mp_managers.BaseListProxy)
+BasePoolProxy = _fiberrl_proxy(mp_managers.BasePoolProxy)
 PoolProxy = _fiberrl_proxy(mp_managers.PoolProxy, {
     "_exposed_": mp_managers.PoolProxy._exposed_ + ("stats", "resize"),
     "stats": lambda self: self._callmethod("stats"),
@@ -526,3 +539,12 @@ def _register_sync_types() -> None:
 
 
 _register_sync_types()
+
+
+def __getattr__(name: str) -> Any:
+    """``SharedMemoryManager``/``SharedMemoryServer`` live in :mod:`fiberrl.shared_memory`
+    (imported on first use, as the stdlib's managers expose them)."""
+    if name in ("SharedMemoryManager", "SharedMemoryServer"):
+        from . import shared_memory
+        return getattr(shared_memory, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,6 +16,11 @@ from . import resources as _resources
 current_process = _mp_process.current_process
 parent_process = _mp_process.parent_process
 active_children = _mp_process.active_children
+BaseProcess = _mp_process.BaseProcess
+AuthenticationString = _mp_process.AuthenticationString
+ORIGINAL_DIR = _mp_process.ORIGINAL_DIR
+
+__all__ = ["BaseProcess", "Process", "current_process", "active_children", "parent_process"]
 
 
 class Process(_mp_process.BaseProcess):
@@ -81,3 +86,11 @@ class Process(_mp_process.BaseProcess):
     def _check_started(self) -> None:
         if self._popen is None:
             raise ValueError("process not started")
+
+
+def __getattr__(name: str) -> Any:
+    """Private bookkeeping (``_children``, ``_dangling``, ``_cleanup``...) is the stdlib's:
+    fiberrl's processes are ``BaseProcess`` objects and share it."""
+    if name.startswith("_") and not name.startswith("__"):
+        return getattr(_mp_process, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,7 +23,8 @@ from typing import Any, List, Sequence, Union
 import cloudpickle
 
 __all__ = ["dumps", "dumps_data", "loads", "Frames", "OUT_OF_BAND_MIN_BYTES",
-           "describe_unpicklable"]
+           "describe_unpicklable", "ForkingPickler", "register", "dump", "DupFd", "sendfds",
+           "recvfds", "send_handle", "recv_handle"]
 
 Frames = List[Union[bytes, memoryview, pickle.PickleBuffer]]
 
@@ -81,10 +82,14 @@ def _code_reduce_keeping_filename(code: types.CodeType) -> Any:
                           for arg in args)
 
 
+#: reducers added with :func:`register` (the stdlib's ``ForkingPickler.register``)
+_EXTRA_REDUCERS: dict = {}
+
+
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle, keeping the file names of code it sends by value."""
 
-    dispatch_table = ChainMap({types.CodeType: _code_reduce_keeping_filename},
+    dispatch_table = ChainMap(_EXTRA_REDUCERS, {types.CodeType: _code_reduce_keeping_filename},
                               cloudpickle.Pickler.dispatch_table)
 
 
@@ -177,3 +182,54 @@ def describe_unpicklable(obj: Any, exc: BaseException) -> str:
     """A message naming what could not be pickled, for errors at the API boundary."""
     return (f"cannot pickle {type(obj).__name__} object {obj!r:.200} for another process: "
             f"{type(exc).__name__}: {exc}")
+
+
+# -- the stdlib's names (multiprocessing.reduction) -----------------------------------------
+from multiprocessing.reduction import (ACKNOWLEDGE, HAVE_SEND_HANDLE,  # noqa: E402
+                                       AbstractReducer, recv_handle, recvfds, send_handle,
+                                       sendfds)
+
+_socket_level = (ACKNOWLEDGE, HAVE_SEND_HANDLE, AbstractReducer, recv_handle, recvfds,
+                 send_handle, sendfds)  # fd passing over a Unix socket: the stdlib's, one host
+
+
+class ForkingPickler(_Pickler):
+    """The role of the stdlib's ``ForkingPickler``: the pickler objects travel to other
+    processes with (cloudpickle, so ``__main__`` objects travel by value), plus the
+    reducers added with :meth:`register`. Plain data sent by :func:`dumps` takes the C
+    pickler and does not consult them."""
+
+    def __init__(self, file: Any, protocol: Any = None, *args: Any, **kwargs: Any) -> None:
+        super().__init__(file, 5 if protocol is None else protocol, *args, **kwargs)
+
+    @classmethod
+    def register(cls, type_: type, reduce: Any) -> None:
+        """Pickle instances of ``type_`` with ``reduce(obj)`` from now on."""
+        _EXTRA_REDUCERS[type_] = reduce
+
+    @classmethod
+    def dumps(cls, obj: Any, protocol: Any = None) -> memoryview:
+        """``obj`` as one pickle."""
+        sink = io.BytesIO()
+        cls(sink, protocol).dump(obj)
+        return sink.getbuffer()
+
+    loads = staticmethod(pickle.loads)
+
+
+register = ForkingPickler.register
+
+
+def dump(obj: Any, file: Any, protocol: Any = None) -> None:
+    """Write ``obj`` to ``file`` with :class:`ForkingPickler`."""
+    ForkingPickler(file, protocol).dump(obj)
+
+
+def DupFd(fd: int) -> Any:  # noqa: N802 - the stdlib's name
+    """The stdlib duplicates ``fd`` into a child while it is being spawned; a fiberrl
+    job is not spawned from this process (it may run on another host), so a file
+    descriptor cannot ride in a pickle: this raises and says so."""
+    raise NotImplementedError(
+        f"cannot send file descriptor {fd} inside a pickle: fiberrl jobs are started by a "
+        "backend, possibly on another host, not spawned from this process; send the data, "
+        "or on one host pass descriptors over a Unix socket with sendfds()/recvfds()")

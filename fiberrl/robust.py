@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, Callable, Deque, Dict, Optional
+from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
 from . import managers
 
@@ -137,6 +137,12 @@ class Lock(_Acquirable):
         """Whether the lock is held."""
         return self._locked
 
+    def semlock_state(self) -> Tuple[int, int, int]:
+        """``(free permits, permits the caller holds, most permits)``: what a
+        ``multiprocessing`` ``_semlock`` answers (see :mod:`fiberrl.semlock`)."""
+        with self._state:
+            return (0 if self._locked else 1), int(self._locked and self._holder == _caller()), 1
+
     def _is_owned(self) -> bool:
         return self._locked and self._holder == _caller()
 
@@ -189,6 +195,12 @@ class RLock(_Acquirable):
 
     def _is_owned(self) -> bool:
         return self._owner == _caller()
+
+    def semlock_state(self) -> Tuple[int, int, int]:
+        """``(free permits, recursion level of the caller, most permits)``."""
+        with self._state:
+            mine = self._count if self._owner == _caller() else 0
+            return (0 if self._owner is not None else 1), mine, 1
 
     def _release_save(self) -> int:
         with self._state:
@@ -253,6 +265,15 @@ class Semaphore(_Acquirable):
         """The number of free permits."""
         return self._value
 
+    def semlock_state(self) -> Tuple[int, int, int]:
+        """``(free permits, permits the caller holds, most permits)``."""
+        with self._state:
+            return self._value, self._held.get(_caller(), 0), self._max_value()
+
+    def _max_value(self) -> int:
+        import _multiprocessing
+        return _multiprocessing.SemLock.SEM_VALUE_MAX
+
     def _client_departed(self, ident: int) -> None:
         with self._state:
             held = self._held.pop(ident, 0)
@@ -272,6 +293,9 @@ class BoundedSemaphore(Semaphore):
     def __init__(self, value: int = 1) -> None:
         super().__init__(value)
         self._initial = value
+
+    def _max_value(self) -> int:
+        return self._initial
 
     def _check_release(self, n: int) -> None:
         if self._value + n > self._initial:

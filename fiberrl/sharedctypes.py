@@ -1,7 +1,13 @@
-"""``fiberrl.Value``, ``Array``, ``RawValue`` and ``RawArray`` without shared memory.
+"""``fiberrl.Value``, ``Array``, ``RawValue`` and ``RawArray``: two forms.
 
-Jobs may run on different machines, so there is no shared memory to map: the
-ctypes object lives in a *cell* in the coordination service of the process that
+**One host** (the backend's jobs all run on this machine, ``shares_host``: the local
+backend): the ctypes object lives in a shared-memory segment of its own
+(:mod:`fiberrl.shm_ctypes`), as in the stdlib. ``get_obj()`` supports the buffer
+protocol (``np.frombuffer(ctx.Array('d', 10).get_obj())``), and reads and writes
+cost no request. The lock of ``Value``/``Array`` is a ``fiberrl.RLock``.
+
+**Other hosts** (Slurm, Docker, Kubernetes backends): jobs may run on different
+machines, so there is no shared memory to map: the ctypes object lives in a *cell* in the coordination service of the process that
 created it (:mod:`fiberrl.coordination`), and every read or write is one request to
 it. Types, conversions and overflow behave as the ctypes object does, because the
 cell holds a real one.
@@ -19,7 +25,14 @@ import ctypes
 from multiprocessing import sharedctypes as mp_sharedctypes
 from typing import Any, Optional
 
-from . import managers
+from . import managers, shm_ctypes
+
+typecode_to_type = mp_sharedctypes.typecode_to_type
+SynchronizedBase = mp_sharedctypes.SynchronizedBase
+Synchronized = shm_ctypes.Synchronized
+SynchronizedString = shm_ctypes.SynchronizedString
+
+__all__ = ["RawValue", "RawArray", "Value", "Array", "copy", "synchronized"]
 
 
 def _ctype(typecode_or_type: Any) -> Any:
@@ -270,36 +283,85 @@ def _lock_for(lock: Any) -> Optional[Any]:
     return lock
 
 
-def RawValue(typecode_or_type: Any, *args: Any) -> ValueCellProxy:
+def one_host() -> bool:
+    """Whether every job of the configured backend runs on this machine, so that
+    ``Value``/``Array`` live in shared memory (else in a coordination service)."""
+    from .backends import default_backend
+    return default_backend().shares_host
+
+
+def RawValue(typecode_or_type: Any, *args: Any) -> Any:
     """A shared value without a lock."""
     from . import coordination
-    _ctype(typecode_or_type)
+    ctype = _ctype(typecode_or_type)
+    if one_host():
+        return shm_ctypes.raw_value(ctype, args)
     return coordination.create("ValueCell", typecode_or_type, args)
 
 
-def RawArray(typecode_or_type: Any, size_or_initializer: Any) -> ArrayCellProxy:
+def RawArray(typecode_or_type: Any, size_or_initializer: Any) -> Any:
     """A shared array without a lock."""
     from . import coordination
-    _ctype(typecode_or_type)
+    ctype = _ctype(typecode_or_type)
+    if one_host():
+        return shm_ctypes.raw_array(ctype, size_or_initializer)
     return coordination.create("ArrayCell", typecode_or_type, size_or_initializer)
 
 
-def Value(typecode_or_type: Any, *args: Any, lock: Any = True) -> Any:
+def Value(typecode_or_type: Any, *args: Any, lock: Any = True, ctx: Any = None) -> Any:
     """A shared value; with a lock (``get_lock()``) unless ``lock=False``."""
     from . import coordination
     _ctype(typecode_or_type)
     lock = _lock_for(lock)
     if lock is None:
         return RawValue(typecode_or_type, *args)
+    if one_host():
+        return shm_ctypes.synchronized(RawValue(typecode_or_type, *args), lock)
     return SynchronizedValue(coordination.create("ValueCell", typecode_or_type, args, lock), lock)
 
 
-def Array(typecode_or_type: Any, size_or_initializer: Any, *, lock: Any = True) -> Any:
+def Array(typecode_or_type: Any, size_or_initializer: Any, *, lock: Any = True,
+          ctx: Any = None) -> Any:
     """A shared array; with a lock (``get_lock()``) unless ``lock=False``."""
     from . import coordination
     _ctype(typecode_or_type)
     lock = _lock_for(lock)
     if lock is None:
         return RawArray(typecode_or_type, size_or_initializer)
+    if one_host():
+        return shm_ctypes.synchronized(RawArray(typecode_or_type, size_or_initializer), lock)
     return SynchronizedArray(
         coordination.create("ArrayCell", typecode_or_type, size_or_initializer, lock), lock)
+
+
+def copy(obj: Any) -> Any:
+    """A new shared object (without a lock) holding a copy of ``obj``'s contents (a
+    ctypes value or array; a server-backed cell does not say its type, so not those)."""
+    if isinstance(obj, ctypes._SimpleCData):
+        return RawValue(_ctype_of(obj), obj.value)
+    return RawArray(_ctype_of(obj), obj[:])
+
+
+def _ctype_of(obj: Any) -> Any:
+    if shm_ctypes.is_shared(obj):
+        return obj._fiberrl_ctype
+    if isinstance(obj, ctypes.Array):
+        return obj._type_
+    if isinstance(obj, ctypes._SimpleCData):
+        return type(obj)
+    raise TypeError(f"fiberrl.sharedctypes.copy takes a shared ctypes value or array, "
+                    f"not {type(obj).__name__}")
+
+
+def synchronized(obj: Any, lock: Any = None, ctx: Any = None) -> Any:
+    """Wrap a shared value or array (from ``RawValue``/``RawArray``) with a lock
+    (a new ``fiberrl.RLock`` by default)."""
+    lock = _lock_for(lock if lock is not None else True)
+    if shm_ctypes.is_shared(obj):
+        return shm_ctypes.synchronized(obj, lock)
+    if isinstance(obj, ValueCellProxy):
+        return SynchronizedValue(obj, lock)
+    if isinstance(obj, ArrayCellProxy):
+        return SynchronizedArray(obj, lock)
+    raise TypeError(f"cannot synchronize {type(obj).__name__}: pass an object made by "
+                    "fiberrl.RawValue or fiberrl.RawArray")

@@ -11,16 +11,21 @@ from fiberrl._wire.sockets import default_listen_host
 
 
 def _children():
-    """This process's descendants, less the local backend's fork servers: one lives as
-    long as this process (by design) while every job it forks is still counted."""
-    return {p.pid: p for p in psutil.Process().children(recursive=True) if not _is_fork_server(p)}
+    """This process's descendants, less the helpers that live as long as this process
+    by design: the local backend's fork servers (every job they fork is still counted)
+    and the stdlib's resource tracker (started by the first SharedMemory block)."""
+    return {p.pid: p for p in psutil.Process().children(recursive=True) if not _is_helper(p)}
 
 
-def _is_fork_server(proc):
+_HELPERS = ("fiberrl.backends.forkserver", "from multiprocessing.resource_tracker import main")
+
+
+def _is_helper(proc):
     try:
-        return "fiberrl.backends.forkserver" in proc.cmdline()
+        cmdline = proc.cmdline()
     except psutil.Error:
         return False
+    return any(helper in cmdline or any(helper in arg for arg in cmdline) for helper in _HELPERS)
 
 
 @pytest.fixture(autouse=True)

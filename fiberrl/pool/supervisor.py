@@ -87,6 +87,7 @@ class Supervisor:
         self._ids = itertools.count(1)
         self._start_failures = 0
         self._backoff_until = 0.0
+        self.started_total = 0  # workers ever started (the stdlib starts ``processes``)
         self.thread = threading.Thread(target=self._run, name="fiberrl-pool-supervisor", daemon=True)
 
     # -- API-side requests (any thread) -------------------------------------------
@@ -109,6 +110,7 @@ class Supervisor:
                 self._reap()
                 self._replace_expiring()
                 if self.shutting_down:
+                    self._start_owed()
                     self._wind_down()
                     if not self.records:
                         break
@@ -276,6 +278,20 @@ class Supervisor:
             return
         for record in started:
             self.records[record.id] = record
+        self.started_total += len(started)
+
+    def _start_owed(self) -> None:
+        """After close(): start the workers the pool owes, so that, as in the stdlib,
+        each of its ``processes`` workers starts and runs the initializer even when no
+        task was submitted (they are stopped as soon as they say hello)."""
+        owed = self.target - self.started_total
+        if owed <= 0 or time.monotonic() < self._backoff_until:
+            return
+        if self.max_starting is not None:
+            owed = min(owed, self.max_starting - sum(1 for r in self.records.values()
+                                                     if not r.hello))
+        if owed > 0:
+            self._start_workers(owed)
 
     def _replace_expiring(self) -> None:
         """Retire workers whose job nears its time limit; ``_scale`` starts replacements.
@@ -301,14 +317,14 @@ class Supervisor:
                 self._retire([record])
 
     def _wind_down(self) -> None:
-        """After close(): stop workers that are idle or still starting; kill stragglers."""
+        """After close(): workers that said hello are told to stop (and killed if they
+        linger); a worker still starting is left to run its initializer and say hello
+        first, as the stdlib's workers do. One that dies before is reaped as usual."""
         now = time.monotonic()
         for record in list(self.records.values()):
-            if record.stop_asked is None:
+            if record.stop_asked is None and record.hello:
                 record.stop_asked = now
                 record.expected_exit = True
-                if not record.hello:
-                    record.process.terminate()
 
     def _kill_all(self) -> None:
         for record in list(self.records.values()):

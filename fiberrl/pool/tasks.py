@@ -390,6 +390,10 @@ class IMapIterator(Call):
             self._cond.notify_all()
 
 
+#: the stdlib's name for the unordered iterator (one class serves both orders here)
+IMapUnorderedIterator = IMapIterator
+
+
 def chunks(iterable: Iterable[Any], size: int):
     """Yield lists of ``size`` items (the last may be shorter)."""
     iterator = iter(iterable)
