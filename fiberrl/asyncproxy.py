@@ -54,7 +54,10 @@ class _Receiver:
             # epoll sees channels registered while it waits; the timeout covers other selectors
             for key, _events in self._selector.select(0.5):
                 channel: _Channel = key.data
-                if not channel.on_readable():
+                alive = channel.on_readable()
+                while alive and channel.conn.poll(0):   # replies read off the socket together
+                    alive = channel.on_readable()
+                if not alive:
                     self.forget(channel)
 
 

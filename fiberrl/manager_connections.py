@@ -1,30 +1,33 @@
-"""The connections of fiberrl's managers: encoding, authentication, liveness.
+"""The connections of fiberrl's managers, on the one wire.
 
-A client connection (:func:`open_connection`) reaches a server over TCP, or over an
-abstract Unix socket named after the TCP address when both are in one network
-namespace; it passes the stdlib's mutual HMAC challenge before anything is
-unpickled, has a deadline for connecting and the handshake, and uses TCP keepalive
-afterwards. Transport failures become :class:`ManagerConnectionError`. A connection
-a server thread serves says goodbye when it is closed on purpose, so the server can
-tell a client that left from one that died.
+A proxy's connection to a manager server is an authenticated stream of
+:mod:`fiberrl._wire` labelled ``"manager"``: both sides prove the manager's authkey
+when it is set up (within :data:`HANDSHAKE_TIMEOUT`), and every message after that
+carries a MAC, so nothing from a peer without the key is ever unpickled, before or
+after the handshake. Objects are encoded with the manager's serializer (pickle or
+xmlrpclib), one object per message. A server in this network namespace (this host,
+this pod) is reached over a Unix socket, others over TCP with keepalive tuned to the
+heartbeat settings. Transport failures become :class:`ManagerConnectionError`.
+
+A connection a server thread serves says goodbye when it is closed on purpose, so the
+server can tell a client that left from one that died.
 """
 from __future__ import annotations
 
 import os
 import pickle
-import select
-import socket
-import struct
-import sys
 import weakref
 import xmlrpc.client
-from multiprocessing import connection as mp_connection
 from multiprocessing import process as mp_process
 from multiprocessing import util as mp_util
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from . import reduction
+from ._wire.stream import NotHereError, Stream, open_stream
 from .errors import ManagerConnectionError
+
+LABEL = "manager"   #: the label of a manager's streams on its listener
+_KIND = b"m"
 
 #: seconds a new connection may take to connect and pass the authentication handshake
 HANDSHAKE_TIMEOUT = 30.0
@@ -53,84 +56,54 @@ def codec(serializer: str) -> Tuple[Callable[[Any], bytes], Callable[[bytes], An
         raise ValueError(f"unknown serializer {serializer!r}; choose one of {sorted(CODECS)}") from None
 
 
-def set_keepalive(sock: socket.socket) -> None:
-    """Probe an idle peer so a lost host ends blocked calls instead of hanging them."""
-    if sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return
-    from .config import get_config
-    cfg = get_config()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    if hasattr(socket, "TCP_KEEPIDLE"):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, max(1, int(cfg.heartbeat_timeout)))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL,
-                        max(1, int(cfg.heartbeat_interval)))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
-
-
-def _set_io_timeout(sock: socket.socket, seconds: float) -> None:
-    """Kernel-level send/receive deadline (0 = none) for the fd that ``Connection`` reads."""
-    whole = int(seconds)
-    timeval = struct.pack("ll", whole, int((seconds - whole) * 1e6))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
-
-
 #: what a client sends before it closes a connection on purpose (see ``ServerConnection.close``)
 GOODBYE = ("#FIBERRL-GOODBYE",)
 
 
 class ManagedConnection:
-    """A stdlib ``Connection`` whose objects are encoded with a manager's serializer.
+    """One authenticated stream carrying a manager's objects, one per signed message.
 
     On the server's side, ``said_goodbye`` records that the client closed the
     connection on purpose rather than dying.
     """
 
-    def __init__(self, conn: mp_connection.Connection, serializer: str) -> None:
-        self._conn = conn
+    def __init__(self, stream: Stream, serializer: str) -> None:
+        self.stream = stream
         self._encode, self._decode = codec(serializer)
         self.said_goodbye = False
 
     def send(self, obj: Any) -> None:
         """Send one object."""
-        self._conn.send_bytes(self._encode(obj))
+        self.stream.send(_KIND, [self._encode(obj)])
 
     def recv(self) -> Any:
-        """Receive one object (only ever called after the peer authenticated).
+        """Receive one object (its MAC checked before it is decoded).
 
         A goodbye ends the conversation as end of file does.
         """
-        obj = self._decode(self._conn.recv_bytes())
+        _kind, frames = self.stream.recv()
+        obj = self._decode(frames[0])
         if obj == GOODBYE:
             self.said_goodbye = True
             raise EOFError("the client closed the connection")
         return obj
 
-    def send_bytes(self, data: bytes) -> None:
-        """Send raw bytes (the authentication handshake)."""
-        self._conn.send_bytes(data)
-
-    def recv_bytes(self, maxlength: Optional[int] = None) -> bytes:
-        """Receive raw bytes (the authentication handshake)."""
-        return self._conn.recv_bytes(maxlength)
-
-    def poll(self, timeout: float = 0.0) -> bool:
+    def poll(self, timeout: Optional[float] = 0.0) -> bool:
         """Whether something (or end of file) can be read within ``timeout`` seconds."""
-        return self._conn.poll(timeout)
+        return self.stream.poll(timeout)
 
     def fileno(self) -> int:
         """The socket's file descriptor."""
-        return self._conn.fileno()
+        return self.stream.fileno()
 
     @property
     def closed(self) -> bool:
         """Whether this end was closed."""
-        return self._conn.closed
+        return self.stream.closed
 
     def close(self) -> None:
         """Close this end."""
-        self._conn.close()
+        self.stream.close()
 
     def peer_hung_up(self) -> bool:
         """True once the peer closed its end (its process died or it disconnected).
@@ -138,12 +111,7 @@ class ManagedConnection:
         Unlike ``poll`` this ignores requests the peer sent ahead, so a server
         thread busy on a long call can ask it without consuming anything.
         """
-        if self._conn.closed:
-            return True
-        poller = select.poll()
-        poller.register(self._conn.fileno(), select.POLLRDHUP)
-        return any(events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR)
-                   for _fd, events in poller.poll(0))
+        return self.stream.peer_hung_up()
 
 
 class ServerConnection(ManagedConnection):
@@ -155,8 +123,8 @@ class ServerConnection(ManagedConnection):
     stdlib does. A client that dies says nothing, and the server releases it.
     """
 
-    def __init__(self, conn: mp_connection.Connection, serializer: str, address: Any) -> None:
-        super().__init__(conn, serializer)
+    def __init__(self, stream: Stream, serializer: str, address: Any) -> None:
+        super().__init__(stream, serializer)
         self.address = address
         self.serving = False
 
@@ -167,13 +135,14 @@ class ServerConnection(ManagedConnection):
         _close_serving_connections_at_exit()
 
     def close(self) -> None:
-        if self.serving and not self._conn.closed:
+        """Close the connection (saying goodbye first if a server thread serves it)."""
+        if self.serving and not self.stream.closed:
             self.serving = False
             try:
-                self._conn.send_bytes(self._encode(GOODBYE))
+                super().send(GOODBYE)
             except (OSError, EOFError):
                 pass
-        self._conn.close()
+        self.stream.close()
 
     def __del__(self) -> None:
         try:
@@ -185,18 +154,20 @@ class ServerConnection(ManagedConnection):
         return _server_gone(self.address, exc)
 
     def send(self, obj: Any) -> None:
-        payload = self._encode(obj)  # encoding errors are the caller's, not the transport's
+        """Send one object; :class:`ManagerConnectionError` if the server is gone."""
+        payload = self._encode(obj)  # encoding errors are the caller's, not the wire's
         try:
-            self._conn.send_bytes(payload)
+            self.stream.send(_KIND, [payload])
         except (OSError, EOFError) as exc:
             raise self._gone(exc) from exc
 
     def recv(self) -> Any:
+        """Receive one object; :class:`ManagerConnectionError` if the server is gone."""
         try:
-            data = self._conn.recv_bytes()
+            _kind, frames = self.stream.recv()
         except (OSError, EOFError) as exc:
             raise self._gone(exc) from exc
-        return self._decode(data)
+        return self._decode(frames[0])
 
 
 def _server_gone(address: Any, exc: BaseException, during: str = "") -> ManagerConnectionError:
@@ -225,19 +196,11 @@ def _close_serving_connections() -> None:
         conn.close()
 
 
-def local_name(address: Any) -> Optional[str]:
-    """The abstract Unix socket a server at TCP ``address`` also listens on (Linux)."""
-    if not (sys.platform.startswith("linux") and isinstance(address, tuple) and len(address) == 2):
-        return None
-    host, port = address
-    return f"\0fiberrl-manager-{host}-{port}"
-
-
 def open_connection(address: Any, authkey: Optional[bytes] = None, serializer: str = "pickle",
                     timeout: float = HANDSHAKE_TIMEOUT) -> ServerConnection:
-    """Connect to a manager server and pass its mutual HMAC challenge with ``authkey``.
+    """Connect to a manager server and prove ``authkey`` (the server proves it too).
 
-    Connecting and the handshake must finish within ``timeout`` seconds; afterwards
+    Connecting and the set-up must finish within ``timeout`` seconds; afterwards
     calls may block as long as the remote method does, with TCP keepalive as the
     liveness check. Raises :class:`ManagerConnectionError` if the server cannot be
     reached and ``multiprocessing.AuthenticationError`` if the keys differ.
@@ -246,56 +209,25 @@ def open_connection(address: Any, authkey: Optional[bytes] = None, serializer: s
         authkey = mp_process.current_process().authkey
     if not isinstance(authkey, bytes):
         raise TypeError(f"authkey should be a byte string, not {type(authkey).__name__}")
-    family = mp_connection.address_type(address)
-    local = local_name(address) if family == "AF_INET" else None
-    if local is not None:
-        try:
-            sock = socket.socket(socket.AF_UNIX)
-            sock.settimeout(timeout)
-            sock.connect(local)
-        except OSError:
-            sock.close()  # no such server in this network namespace: use TCP
-        else:
-            return _authenticate(sock, address, authkey, serializer, timeout)
+    if not (isinstance(address, tuple) and len(address) == 2):
+        raise ValueError(f"a fiberrl manager's address is (host, port), not {address!r}")
     try:
-        if family == "AF_INET":
-            sock = socket.create_connection(tuple(address), timeout=timeout)
-        else:
-            sock = socket.socket(getattr(socket, family))
-            sock.settimeout(timeout)
-            sock.connect(address)
+        stream = open_stream(address, LABEL, key=bytes(authkey), timeout=timeout)
+    except NotHereError as exc:
+        raise ManagerConnectionError(f"no manager server at {address!r}: {exc}") from exc
+    except TimeoutError as exc:
+        raise ManagerConnectionError(
+            f"the manager server at {address!r} did not complete the authentication "
+            f"handshake within {timeout:.0f} s (unresponsive or unreachable)") from exc
+    except ConnectionRefusedError as exc:
+        raise ManagerConnectionError(f"cannot connect to the manager server at {address!r}: "
+                                     f"{exc}") from exc
+    except (ConnectionError, EOFError) as exc:
+        # It hung up before authenticating us: a server that dies leaves a connection
+        # it had not yet accepted (or had just accepted) reset or at end of file.
+        raise _server_gone(address, exc, ": it hung up during the authentication "
+                                         "handshake") from exc
     except OSError as exc:
         raise ManagerConnectionError(f"cannot connect to the manager server at {address!r}: "
                                      f"{exc}") from exc
-    return _authenticate(sock, address, authkey, serializer, timeout)
-
-
-def _authenticate(sock: socket.socket, address: Any, authkey: bytes, serializer: str,
-                  timeout: float) -> ServerConnection:
-    """Pass the mutual HMAC challenge on a connected socket, within ``timeout``."""
-    try:
-        sock.settimeout(None)
-        set_keepalive(sock)
-        _set_io_timeout(sock, timeout)
-        raw = mp_connection.Connection(os.dup(sock.fileno()))
-        try:
-            mp_connection.answer_challenge(raw, authkey)
-            mp_connection.deliver_challenge(raw, authkey)
-        except BlockingIOError as exc:  # SO_RCVTIMEO/SO_SNDTIMEO ran out: alive but silent
-            raw.close()
-            raise ManagerConnectionError(
-                f"the manager server at {address!r} did not complete the authentication "
-                f"handshake within {timeout:.0f} s (unresponsive or unreachable): {exc}") from exc
-        except (EOFError, OSError) as exc:
-            # It hung up before authenticating us: a server that dies leaves a connection
-            # it had not yet accepted (or had just accepted) reset or at end of file.
-            raw.close()
-            raise _server_gone(address, exc, ": it hung up during the authentication "
-                                             "handshake") from exc
-        except BaseException:
-            raw.close()
-            raise
-        _set_io_timeout(sock, 0)
-    finally:
-        sock.close()
-    return ServerConnection(raw, serializer, address)
+    return ServerConnection(stream, serializer, address)

@@ -7,11 +7,15 @@
 - it listens on TCP at an address other jobs can reach (the backend's listen host,
   or the machine's routable address when bound to a wildcard), not on a local
   Unix socket, so proxies work when passed to processes on other machines;
-- connections (:mod:`fiberrl.manager_connections`) are opened with a handshake
-  deadline, TCP keepalive and the run's authkey (every fiberrl job inherits its
-  parent's ``current_process().authkey``); a peer that cannot answer the HMAC
-  challenge is dropped before anything it sent is unpickled, and a server that is
-  gone surfaces as ``ManagerConnectionError``.
+- connections (:mod:`fiberrl.manager_connections`) are streams of fiberrl's one
+  wire, opened with a handshake deadline and the manager's authkey (by default the
+  run's secret, every job's ``current_process().authkey``); both sides prove the key,
+  every message after that is signed, so nothing from a peer without the key is
+  unpickled at any time of a connection, and a server that is gone surfaces as
+  ``ManagerConnectionError``;
+- a server started with ``address=None`` is reached through its process's one
+  listener (label ``"manager"``); one bound to an address the user chose listens
+  there, on the same I/O loop.
 
 Arguments and results travel with cloudpickle (so lambdas and ``__main__`` objects
 work), and the synchronization types of :class:`SyncManager` are the robust ones of
@@ -21,20 +25,20 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 import traceback
-from multiprocessing import connection as mp_connection
 from multiprocessing import managers as mp_managers
 from multiprocessing import process as mp_process
 from multiprocessing import util as mp_util
 from typing import Any, Callable, Dict, Optional
 
+from ._runtime.acceptor import Acceptor
+from ._runtime.runtime import reactor, runtime
 from ._wire.sockets import default_listen_host
+from ._wire.stream import Stream
 from .errors import ProcessError
-from .manager_connections import (ManagedConnection, codec, set_keepalive, local_name,
-                                  open_connection)
+from .manager_connections import LABEL, ManagedConnection, codec, open_connection
 
 logger = logging.getLogger(__name__)
 
@@ -168,73 +172,141 @@ def _listen_host() -> str:
     return default_backend().listen_host()  # honours the listen_host setting
 
 
-class Server(mp_managers.Server):
-    """The stdlib's manager server, listening where other jobs can reach it.
+_runtime_route_claimed = {"pid": None}
 
-    ``address=None`` binds TCP on the backend's listen host. Each client connection
-    is served by its own thread; when the client goes away (end of file or a failed
-    keepalive) the departure listeners hear of it, which is how locks held by a dead
-    process get released.
+
+class _ManagerDoor:
+    """Where one server is reached: its process's listener when the address is free to
+    choose (the first such server of the process), else an acceptor of its own at the
+    address asked for (or any free port), on the process's I/O loop."""
+
+    def __init__(self, address: Any) -> None:
+        self.own: Optional[Acceptor] = None
+        self.shared = False
+        if address is None and _runtime_route_claimed["pid"] != os.getpid():
+            _runtime_route_claimed["pid"] = os.getpid()
+            self.shared, rt = True, runtime()
+            self.acceptor, self.address = rt.acceptor, rt.address
+            return
+        if address is None:
+            address = (_listen_host(), 0)
+        if not (isinstance(address, tuple) and len(address) == 2):
+            raise ValueError(f"a fiberrl manager listens on (host, port) so that jobs on "
+                             f"other hosts can reach it, not on {address!r}")
+        self.own = self.acceptor = Acceptor(reactor(), address[0], int(address[1]))
+        self.address = self.own.address
+
+    def open(self, take: Any, key: bytes) -> None:
+        """Start handing streams that prove ``key`` to ``take``."""
+        self.acceptor.route(LABEL, take, key=key)
+
+    def close(self) -> None:
+        """Stop: new connections are refused; those being served go on."""
+        self.acceptor.unroute(LABEL)
+        if self.own is not None:
+            self.own.close()
+        elif self.shared:
+            _runtime_route_claimed["pid"] = None
+
+
+class Server(mp_managers.Server):
+    """The stdlib's manager server, reached over fiberrl's wire.
+
+    ``address=None`` uses the process's own listener (its backend's listen host).
+    Each client connection is served by its own thread, which reads its stream
+    itself; when the client goes away (end of file or a failed keepalive) the
+    departure listeners hear of it, which is how locks held by a dead process get
+    released.
     """
 
     def __init__(self, registry: dict, address: Any, authkey: bytes, serializer: str) -> None:
         codec(serializer)
-        if address is None:
-            address = (_listen_host(), 0)
-        # the stdlib's plain Listener: it only frames bytes; our connections decode them
-        super().__init__(registry, address, authkey, "pickle")
+        if not isinstance(authkey, bytes):
+            raise TypeError(f"Authkey {authkey!r} is type {type(authkey)!s}, not bytes")
+        self.registry = registry
+        self.authkey = mp_process.AuthenticationString(authkey)
         self.serializer = serializer
-        if isinstance(self.address, tuple) and self.address[0] in ("0.0.0.0", "", "::"):
+        self.door = _ManagerDoor(address)
+        self.listener = self.door   # the stdlib's name: closing it stops new connections
+        self.address = self.door.address
+        if self.address[0] in ("0.0.0.0", "", "::"):
             self.address = (default_listen_host(), self.address[1])
-        self.local_listener: Any = None
+        self.id_to_obj = {"0": (None, ())}
+        self.id_to_refcount: Dict[str, int] = {}
+        self.id_to_local_proxy_obj: Dict[str, Any] = {}
         self.stop_event = threading.Event()
         # re-entrant: a finalizer may drop a reference while this thread holds it
         self.mutex = threading.RLock()
+        # connections that arrive before serve_forever(), as a listen backlog would keep them
+        self._early: Optional[list] = []
+        self._early_lock = threading.Lock()
+        self.door.open(self._take, bytes(self.authkey))
 
     def _begin_serving(self) -> None:
-        """Become reachable from this process without a socket and from this host
-        through the abstract socket (only once serving: ``get_server()`` objects that
-        are never served must not shadow a server at the same address)."""
-        self.local_listener = self._listen_locally()
+        """Serve: streams that came early first, then every new one; and be reachable
+        from this process without a socket (only once serving: ``get_server()``
+        objects that are never served must not shadow a server at the same address)."""
         with _servers_lock:
             _servers[self.address] = self
+        with self._early_lock:
+            early, self._early = self._early or [], None
+        for conn in early:
+            self._serve_on_thread(conn)
+
+    def _take(self, label: str, sock: Any, send_key: bytes, recv_key: bytes,
+              leftover: bytes) -> bool:
+        """An authenticated stream from the listener (the I/O loop): serve it on a thread."""
+        if self.stop_event.is_set():
+            return False
+        conn = ManagedConnection(Stream(sock, send_key, recv_key, leftover), self.serializer)
+        with self._early_lock:
+            if self._early is not None:
+                self._early.append(conn)
+                return True
+        self._serve_on_thread(conn)
+        return True
+
+    def _serve_on_thread(self, conn: ManagedConnection) -> None:
+        threading.Thread(target=self.handle_request, args=(conn,), daemon=True,
+                         name="fiberrl-manager-client").start()
 
     def accepter(self) -> None:
-        """Accept connections (TCP, and same-host ones) until the server stops."""
-        if self.local_listener is not None:
-            threading.Thread(target=self._accept_loop, args=(self.local_listener,), daemon=True,
-                             name="fiberrl-manager-accept-local").start()
-        self._accept_loop(self.listener)
+        """Nothing to do: the process's I/O loop accepts connections."""
 
-    def _accept_loop(self, listener: Any) -> None:
-        while not self.stop_event.is_set():
-            try:
-                raw = listener.accept()
-            except OSError:
-                if self.stop_event.wait(0.05):
-                    return
-                continue
-            sock = socket.socket(fileno=os.dup(raw.fileno()))
-            try:
-                set_keepalive(sock)
-            finally:
-                sock.close()
-            conn = ManagedConnection(raw, self.serializer)
-            threading.Thread(target=self.handle_request, args=(conn,), daemon=True,
-                             name="fiberrl-manager-client").start()
-
-    def _listen_locally(self) -> Any:
-        """Also listen on an abstract Unix socket named after the TCP address: clients
-        in the same network namespace (this host, this pod) use it, which is faster
-        than TCP loopback; others cannot see it and use TCP."""
-        name = local_name(self.address)
-        if name is None:
-            return None
+    def handle_request(self, conn: ManagedConnection) -> None:
+        """Serve one new connection's first request (the stdlib's, without its second
+        challenge: the stream's set-up already proved the key both ways)."""
         try:
-            return mp_connection.Listener(address=name, family="AF_UNIX", backlog=128)
-        except OSError as exc:
-            logger.debug("no same-host listener for %r: %s", self.address, exc)
-            return None
+            self._handle_request(conn)
+        except SystemExit:
+            pass   # serve_client() exits its thread at end of file
+        finally:
+            conn.close()
+
+    def _handle_request(self, conn: ManagedConnection) -> None:
+        try:
+            request = conn.recv()
+        except EOFError:   # it left, or sent something unsigned: say nothing back
+            return
+        try:
+            _ignored, funcname, args, kwds = request
+            if funcname not in self.public:
+                raise ValueError(f"{funcname!r} unrecognized")
+            func = getattr(self, funcname)
+        except Exception:
+            msg = ("#TRACEBACK", traceback.format_exc())
+        else:
+            try:
+                msg = ("#RETURN", func(conn, *args, **kwds))
+            except Exception:
+                msg = ("#TRACEBACK", traceback.format_exc())
+        try:
+            conn.send(msg)
+        except Exception:
+            try:
+                conn.send(("#TRACEBACK", traceback.format_exc()))
+            except Exception:
+                logger.debug("could not answer request %r", request, exc_info=True)
 
     def serve_client(self, conn: ManagedConnection) -> None:
         _serving.conn = conn
@@ -252,9 +324,9 @@ class Server(mp_managers.Server):
                     logger.exception("releasing what a departed client held failed")
 
     def start_in_thread(self) -> None:
-        """Serve from a daemon thread of this process (the coordination service)."""
+        """Serve from this process's I/O loop and client threads (the coordination
+        service)."""
         self._begin_serving()
-        threading.Thread(target=self.accepter, daemon=True, name="fiberrl-coordination").start()
 
     def serve_forever(self) -> None:
         """Serve until a client asks for ``shutdown`` (then this process exits)."""
@@ -270,12 +342,7 @@ class Server(mp_managers.Server):
         with _servers_lock:
             if _servers.get(self.address) is self:
                 del _servers[self.address]
-        for listener in (self.listener, self.local_listener):
-            try:
-                if listener is not None:
-                    listener.close()
-            except OSError:
-                pass
+        self.door.close()
 
 
 # -- proxies ---------------------------------------------------------------------------------
@@ -394,7 +461,22 @@ def AutoProxy(token: Token, serializer: str, manager: Any = None, authkey: Optio
 def _as_fiberrl_proxy_type(proxytype: Any) -> Any:
     if proxytype is None or proxytype is mp_managers.AutoProxy:
         return AutoProxy
-    return _STDLIB_TO_FIBERRL.get(proxytype, proxytype)
+    proxytype = _STDLIB_TO_FIBERRL.get(proxytype, proxytype)
+    if (isinstance(proxytype, type) and issubclass(proxytype, mp_managers.BaseProxy)
+            and not issubclass(proxytype, _FiberrlProxy)):
+        _adopt_proxy_class(proxytype)
+    return proxytype
+
+
+def _adopt_proxy_class(cls: type) -> None:
+    """Make a user's subclass of the stdlib's ``BaseProxy``, registered with a fiberrl
+    manager, connect over fiberrl's wire (its servers speak no other protocol).
+
+    The class is changed in place (a new class would not be importable where its
+    proxies are unpickled); proxies of it then reach fiberrl managers only.
+    """
+    cls._Client = _FiberrlProxy.__dict__["_Client"]
+    cls._connect = _FiberrlProxy.__dict__["_connect"]
 
 
 # -- managers ----------------------------------------------------------------------------------

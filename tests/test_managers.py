@@ -14,7 +14,7 @@ import pytest
 
 import fiberrl
 from fiberrl.asyncproxy import AsyncManager, asynchronous, gather
-from fiberrl.manager_connections import local_name
+from fiberrl._wire.sockets import unix_name as local_name
 from fiberrl.managers import BaseManager, open_connection
 
 pytestmark = pytest.mark.timeout(180)
@@ -273,15 +273,15 @@ def _lock_and_die(lock):
 def tcp_only(monkeypatch):
     """Make this process reach servers over TCP, as a client on another host does
     (the same-host abstract socket is not looked for)."""
-    import fiberrl.manager_connections
-    monkeypatch.setattr(fiberrl.manager_connections, "local_name", lambda address: None)
+    import fiberrl._wire.sockets
+    monkeypatch.setattr(fiberrl._wire.sockets, "unix_name", lambda address: None)
 
 
 def test_tcp_path_serves_and_reports_a_killed_server(tcp_only):
     manager = fiberrl.Manager()
     shared = manager.dict(a=1)
     conn = open_connection(manager.address)
-    assert conn._conn.fileno() >= 0
+    assert conn.fileno() >= 0
     sock = socket.socket(fileno=os.dup(conn.fileno()))
     try:
         assert sock.family == socket.AF_INET  # really TCP
@@ -296,3 +296,23 @@ def test_tcp_path_serves_and_reports_a_killed_server(tcp_only):
         shared["a"]
     manager.shutdown()
     manager.join(10)
+
+
+def test_messages_after_the_handshake_are_signed_too(tmp_path):
+    """A peer that passed the set-up (it holds the key) and then writes a pickle without
+    the stream's MAC, as the stdlib's manager connections allow after their challenge,
+    is dropped with nothing unpickled."""
+    from fiberrl._wire.stream import open_stream
+    trap_file = tmp_path / "unpickled"
+    payload = pickle.dumps(("#TRAP", _Trap(str(trap_file))))
+    with CounterManager() as manager:
+        stream = open_stream(manager.address, "manager")
+        stream.sock.setblocking(True)
+        forged = struct.pack("!cIQ", b"m", 1, len(payload)) + payload + b"\0" * 16
+        stream.sock.sendall(forged)
+        stream.sock.settimeout(10)
+        assert stream.sock.recv(4096) == b""   # the server hangs up on us
+        stream.close()
+        time.sleep(0.5)
+        assert not trap_file.exists()
+        assert manager.Counter().add(3) == 3
