@@ -220,3 +220,20 @@ def test_set_forkserver_preload_imports_modules_in_the_next_server():
         forkserver_client.close_all()
     with pytest.raises(TypeError):
         fiberrl.set_forkserver_preload("xml")
+
+
+def test_a_server_whose_parent_finished_before_its_preloads_exits_quietly():
+    """A short script ends while its fork server still imports: the server used to die
+    on 'control.send(READY)' with a BrokenPipeError traceback on the user's terminal."""
+    import socket
+    import subprocess
+    import sys
+    ours, theirs = socket.socketpair()
+    server = subprocess.Popen([sys.executable, "-m", "fiberrl.backends.forkserver",
+                               str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    theirs.close()
+    ours.close()   # the parent is gone before the server is ready
+    out, err = server.communicate(timeout=60)
+    assert server.returncode == 0, err
+    assert err == "" and out == ""

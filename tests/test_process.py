@@ -226,3 +226,33 @@ def test_start_method_compatibility():
     with pytest.raises(ValueError):
         fiberrl.get_context("nonsense")
     assert fiberrl.cpu_count() >= 1
+
+
+_TWO_PROCESSES = """
+import fiberrl
+
+def work(x):
+    return x
+
+if __name__ == "__main__":
+    procs = [fiberrl.Process(target=work, args=(i,)) for i in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    print("done", [p.exitcode for p in procs])
+"""
+
+
+def test_a_script_that_starts_and_joins_two_processes_prints_nothing_on_stderr(tmp_path):
+    """A new user's first script: nothing on stderr at exit, run after run (the fork
+    server used to print a BrokenPipeError when the script ended before it was ready)."""
+    import subprocess
+    import sys
+    script = tmp_path / "two.py"
+    script.write_text(_TWO_PROCESSES)
+    for _ in range(5):
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path)
+        assert done.returncode == 0 and done.stdout == "done [0, 0]\n", done
+        assert done.stderr == ""

@@ -301,6 +301,7 @@ def _exit(code: int) -> None:
 
 def main(argv: Tuple[str, ...] = tuple(sys.argv[1:])) -> None:
     """``python -m fiberrl.backends.forkserver CONTROL_FD [MODULE...]``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is for the parent and the jobs
     control = socket.socket(fileno=int(argv[0]))
     import importlib
     for name in PRELOAD:
@@ -308,7 +309,10 @@ def main(argv: Tuple[str, ...] = tuple(sys.argv[1:])) -> None:
     for name in argv[1:]:  # the user's (set_forkserver_preload): skipped if missing
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
-    control.send(READY)
+    try:
+        control.send(READY)
+    except OSError:
+        return   # the parent finished before the preloads did: nothing to serve
     _Server(control).serve()
 
 
