@@ -22,9 +22,18 @@ __all__ = sorted(set(_CONTEXT_NAMES) | {"FiberContext", "JobFailedError", "Manag
                                         "__version__"})
 
 
+#: submodules reachable as attributes (``fiberrl.config.reset()``), imported on first use
+_SUBMODULES = frozenset({"config", "backends", "connection", "context", "dummy", "heap",
+                         "managers", "pool", "process", "queues", "reduction", "shared_memory",
+                         "sharedctypes", "synchronize", "util"})
+
+
 def __getattr__(name: str) -> Any:
     if name in _CONTEXT_NAMES:
         return getattr(default_context, name)
+    if name in _SUBMODULES:
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'fiberrl' has no attribute {name!r}")
 
 

@@ -2,20 +2,24 @@
 
 Precedence, highest first:
 
-1. keyword arguments of ``fiberrl.init(**kwargs)``;
+1. keyword arguments of ``fiberrl.init(**kwargs)`` (each call updates the settings
+   earlier calls made; it does not reset them);
 2. environment variables ``FIBERRL_<KEY>`` (e.g. ``FIBERRL_BACKEND=slurm``);
 3. the config file: the path in ``FIBERRL_CONFIG``, else ``fiberrl.toml`` in the
    working directory (a flat table of the keys below, or a ``[fiberrl]`` table);
 4. the defaults below.
 
-An unknown key anywhere is a :class:`~fiberrl.errors.ConfigError` that lists the valid
-keys. Child jobs receive their parent's resolved configuration, so a whole tree of
+An unknown key anywhere, a value of the wrong type or out of range (a negative
+timeout), and an unknown backend are each a :class:`~fiberrl.errors.ConfigError` that
+says what is allowed; an unknown ``FIBERRL_*`` environment variable (a typo such as
+``FIBERRL_BAKEND``) is logged as a warning. Child jobs receive their parent's resolved configuration, so a whole tree of
 processes uses one backend and one set of defaults.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import sys
 import threading
@@ -24,6 +28,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Mapping, Optional
 
 from .errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 ENV_PREFIX = "FIBERRL_"
 INHERITED_ENV = "FIBERRL_INHERITED_CONFIG"
@@ -140,6 +146,14 @@ def _from_file() -> Dict[str, Any]:
     return data
 
 
+#: ``FIBERRL_*`` variables that are not settings: fiberrl's own hand-over to jobs,
+#: and variables that a backend or the test suite reads
+NOT_SETTINGS = frozenset({
+    "CONFIG", "INHERITED_CONFIG", "SECRET", "TOKEN", "PARENT", "JOB_NAME", "SENTINEL_FD",
+    "RUN_ID", "POD_NAME", "POD_IP", "POD_UID", "SLURM_SUBMITTED", "SLURM_DIR", "GONE",
+})
+
+
 def _from_env() -> Dict[str, Any]:
     values = {}
     for key, raw in os.environ.items():
@@ -148,7 +162,39 @@ def _from_env() -> Dict[str, Any]:
         name = key[len(ENV_PREFIX):].lower()
         if name in Config.keys():
             values[name] = raw
+        elif key[len(ENV_PREFIX):] not in NOT_SETTINGS and not key.startswith("FIBERRL_TEST"):
+            _warn_once(f"ignoring {key}: not a fiberrl setting (settings: "
+                       f"{', '.join(ENV_PREFIX + k.upper() for k in sorted(Config.keys()))})")
     return values
+
+
+_warned: set = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning("%s", message)
+
+
+#: settings that must be positive, or at least zero
+_POSITIVE = ("start_timeout", "heartbeat_interval", "heartbeat_timeout")
+_NOT_NEGATIVE = ("parent_grace", "spin_wait_us", "max_task_retries", "time_limit_margin", "gpu")
+
+
+def _check_ranges(config: "Config") -> None:
+    for name in _POSITIVE:
+        if not getattr(config, name) > 0:
+            raise ConfigError(f"fiberrl config key {name!r} must be positive, "
+                              f"got {getattr(config, name)!r}")
+    for name in _NOT_NEGATIVE:
+        if getattr(config, name) < 0:
+            raise ConfigError(f"fiberrl config key {name!r} may not be negative, "
+                              f"got {getattr(config, name)!r}")
+    if config.cpu is not None and not config.cpu > 0:
+        raise ConfigError(f"fiberrl config key 'cpu' must be positive, got {config.cpu!r}")
+    if not config.backend:
+        raise ConfigError("fiberrl config key 'backend' may not be empty")
 
 
 def resolve(**overrides: Any) -> Config:
@@ -160,6 +206,7 @@ def resolve(**overrides: Any) -> Config:
         values.update(_from_env())
     values.update(overrides)
     config = Config(**{k: _coerce(k, v) for k, v in values.items()})
+    _check_ranges(config)
     object.__setattr__(config, "_explicit", frozenset(values))  # not a field
     return config
 
@@ -172,6 +219,15 @@ def is_explicit(config: Config, key: str) -> bool:
 
 _lock = threading.Lock()
 _current: Optional[Config] = None
+_init_overrides: Dict[str, Any] = {}   # every init() argument so far, later calls winning
+_listeners: list = []                  # called with each new Config (see on_change)
+
+
+def on_change(listener: Any) -> None:
+    """Call ``listener(config)`` before :func:`init` puts a new configuration in force;
+    it may raise :class:`ConfigError` to refuse it (the backends check the backend's
+    name this way, so this module imports none of them)."""
+    _listeners.append(listener)
 
 
 def get_config() -> Config:
@@ -184,14 +240,32 @@ def get_config() -> Config:
 
 
 def init(**overrides: Any) -> Config:
-    """Set fiberrl's configuration for this process (and the jobs it starts).
+    """Update fiberrl's configuration for this process (and the jobs it starts).
 
-    Example: ``fiberrl.init(backend="slurm", cpu=2, mem="4G")``.
+    Example: ``fiberrl.init(backend="slurm", cpu=2, mem="4G")``. Settings given to an
+    earlier call stay unless this one gives them again; a bad key, value or backend
+    raises :class:`~fiberrl.errors.ConfigError` and changes nothing.
     """
     global _current
-    config = resolve(**overrides)
     with _lock:
+        merged = {**_init_overrides, **overrides}
+    config = resolve(**merged)
+    for listener in list(_listeners):
+        listener(config)
+    with _lock:
+        _init_overrides.clear()
+        _init_overrides.update(merged)
         _current = config
-    from . import backends  # local import: backends import config
-    backends.reset_default_backend()
+    return config
+
+
+def reset() -> Config:
+    """Forget every :func:`init` setting: back to the environment, file and defaults."""
+    global _current
+    config = resolve()
+    for listener in list(_listeners):
+        listener(config)
+    with _lock:
+        _init_overrides.clear()
+        _current = config
     return config

@@ -182,7 +182,8 @@ class FiberContext(_mp_context.BaseContext):
     # -- configuration and compatibility ----------------------------------------
     @staticmethod
     def init(**config: Any):
-        """Configure fiberrl (backend, resources...); see :mod:`fiberrl.config`."""
+        """Update fiberrl's configuration (backend, resources...); see :mod:`fiberrl.config`."""
+        from . import backends  # noqa: F401 - registers its check of the backend's name
         from .config import init
         return init(**config)
 
@@ -217,11 +218,8 @@ class FiberContext(_mp_context.BaseContext):
     @staticmethod
     def set_executable(executable: "str | bytes | os.PathLike") -> None:
         """Set the Python interpreter that runs jobs (str, bytes or path)."""
-        import dataclasses
-        from .config import get_config, init
-        overrides = dataclasses.asdict(get_config())
-        overrides["python"] = os.fsdecode(executable)
-        init(**overrides)
+        from .config import init
+        init(python=os.fsdecode(executable))
 
     @staticmethod
     def set_forkserver_preload(module_names: list) -> None:

@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import Callable, Dict, Optional
 
-from ..config import get_config, is_explicit
+from ..config import get_config, is_explicit, on_change
 from ..errors import ConfigError
 from .base import Backend, Job, JobSpec, JobState, JobStatus
 
@@ -92,3 +92,15 @@ def reset_default_backend() -> None:
     global _default
     with _lock:
         _default = None
+
+
+def _check_new_config(config) -> None:
+    """Refuse an unknown backend when it is configured (not when it is first used)."""
+    name = config.backend
+    if name not in _BUILTIN and name not in _registered and name not in _entry_points():
+        raise ConfigError(f"unknown fiberrl backend {name!r}; available: "
+                          f"{', '.join(available_backends())}")
+    reset_default_backend()
+
+
+on_change(_check_new_config)
