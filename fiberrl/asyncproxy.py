@@ -54,9 +54,14 @@ class _Receiver:
             # epoll sees channels registered while it waits; the timeout covers other selectors
             for key, _events in self._selector.select(0.5):
                 channel: _Channel = key.data
-                alive = channel.on_readable()
-                while alive and channel.conn.poll(0):   # replies read off the socket together
+                try:
                     alive = channel.on_readable()
+                    # replies read off the socket together (none once the channel is closed)
+                    while alive and not channel.conn.closed and channel.conn.poll(0):
+                        alive = channel.on_readable()
+                except Exception:  # one broken channel must not stop every other's replies
+                    logger.exception("async manager channel failed; dropping it")
+                    alive = False
                 if not alive:
                     self.forget(channel)
 

@@ -24,7 +24,7 @@ from typing import Any, Iterable, List, Optional, Tuple
 
 import _posixshmem
 
-from . import managers
+from ._sync import serving as managers
 from .errors import SharedMemoryHostError
 
 __all__ = ["SharedMemory", "ShareableList", "SharedMemoryManager", "SharedMemoryServer"]

@@ -2,10 +2,10 @@
 ``Event`` and ``Barrier``: synchronization for job-backed processes on any backend.
 
 Each object lives in the coordination service of the process that creates it
-(:mod:`fiberrl.coordination`); the returned proxy can be passed to any process of
+(:mod:`fiberrl._sync.coordination`); the returned proxy can be passed to any process of
 the run (as a ``Process`` argument, through a ``Queue`` or ``Pipe``, to pool tasks)
 and each operation is one request to the service. Semantics follow
-``multiprocessing``; :mod:`fiberrl.robust` says what happens when a process using
+``multiprocessing``; :mod:`fiberrl._sync.robust` says what happens when a process using
 one dies. ``ctx`` is accepted as in the stdlib's classes (there is one kind of
 context here).
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from . import coordination
-from .semlock import RECURSIVE_MUTEX, SEMAPHORE
+from ._sync import coordination
+from ._sync.semlock import RECURSIVE_MUTEX, SEMAPHORE
 
 SEM_VALUE_MAX = __import__("_multiprocessing").SemLock.SEM_VALUE_MAX
 

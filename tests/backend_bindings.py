@@ -143,5 +143,5 @@ def bound(name: str, tmp_dir: Path):
     try:
         yield handle
     finally:
-        fiberrl.init()
+        fiberrl.config.reset()
         check()

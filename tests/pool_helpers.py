@@ -96,8 +96,14 @@ def live_worker_pids(pool):
 
 def live_workers(pool):
     """``"host:pid"`` of the pool's live workers (pids alone repeat across containers)."""
-    return {f"{w._popen.job.host}:{w.pid}" for w in pool.workers()
-            if w.pid is not None and w.is_alive()}
+    live = set()
+    for worker in pool.workers():
+        try:
+            if worker.pid is not None and worker.is_alive():
+                live.add(f"{worker._popen.job.host}:{worker.pid}")
+        except ValueError:  # closed by the supervisor since the list was taken: not live
+            continue
+    return live
 
 
 def worker_name(_=None):

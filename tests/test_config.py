@@ -83,3 +83,40 @@ def test_cli_lists_backends_and_runs_cpe(tmp_path):
     report = json.loads(result.stdout)
     assert report["estimates"]["ips"]["value"] == pytest.approx(1.0)  # target always plays 1
     assert report["estimates"]["ips"]["normalized"] == pytest.approx(2.0)
+
+
+@pytest.fixture
+def restore_config():
+    yield
+    config.reset()
+
+
+def test_init_updates_the_settings_instead_of_replacing_them(restore_config):
+    import fiberrl
+    fiberrl.init(cpu=2, backend="local")
+    fiberrl.init(log_level="INFO")
+    cfg = config.get_config()
+    assert (cfg.cpu, cfg.log_level, cfg.backend) == (2.0, "INFO", "local")
+    assert config.is_explicit(cfg, "backend")   # inside a Slurm allocation: stays local
+    fiberrl.set_executable(sys.executable)
+    assert config.get_config().cpu == 2.0 and config.get_config().python == sys.executable
+    config.reset()
+    assert config.get_config().cpu is None
+
+
+@pytest.mark.parametrize("bad", [{"backend": "nosuch"}, {"start_timeout": -1},
+                                 {"heartbeat_interval": 0}, {"parent_grace": -0.5},
+                                 {"cpu": 0}, {"max_task_retries": -1}])
+def test_bad_settings_are_refused_at_init_and_change_nothing(restore_config, bad):
+    import fiberrl
+    fiberrl.init(cpu=3)
+    with pytest.raises(ConfigError, match=next(iter(bad))):
+        fiberrl.init(**bad)
+    assert config.get_config().cpu == 3.0 and config.get_config().backend == "local"
+
+
+def test_an_unknown_fiberrl_environment_variable_is_reported(monkeypatch, caplog):
+    monkeypatch.setenv("FIBERRL_BAKEND", "slurm")
+    with caplog.at_level("WARNING", logger="fiberrl.config"):
+        config.resolve()
+    assert "FIBERRL_BAKEND" in caplog.text and "FIBERRL_BACKEND" in caplog.text

@@ -121,7 +121,7 @@ def test_interpreter_start_up_variables_or_the_setting_turn_forking_off(server, 
         proc.join(30)
         assert proc.exitcode == 0 and not _forked(proc)
     finally:
-        fiberrl.init()
+        fiberrl.config.reset()
 
 
 def test_a_job_whose_server_died_is_killed_and_reported(server):

@@ -184,5 +184,5 @@ def test_real_cluster_pool_map():
         with fiberrl.Pool(2) as pool:
             assert pool.map(abs, range(-5, 0)) == [5, 4, 3, 2, 1]
     finally:
-        fiberrl.init()
+        fiberrl.config.reset()
 

@@ -139,7 +139,8 @@ def test_cli_reports_bad_input_with_status_two(tmp_path, capsys):
     status = main(["workflow", "timeline", "--input", str(path), "--out", str(tmp_path / "out"),
                    "--gamma", "0.9"])
     assert status == 2
-    assert capsys.readouterr().err == f"error: {path}, line 2, field 'reward': missing\n"
+    assert capsys.readouterr().err.endswith(
+        f"workflow timeline: error: {path}, line 2, field 'reward': missing\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.jsonl"]
     assert main(["workflow", "normalize", "--input", str(tmp_path / "nothing"), "--out",
                  str(tmp_path / "s.json")]) == 2

@@ -43,10 +43,15 @@ def test_unauthenticated_pickles_are_dropped_everywhere(tmp_path):
               struct.pack("!cIQ", b"m", 1, len(evil)) + evil + os.urandom(16)]
     for address in addresses:
         for payload in shapes:
-            with socket.create_connection(address, timeout=3) as sock:
+            with socket.create_connection(address, timeout=10) as sock:
                 nonce = b""
-                while len(nonce) < 16:
-                    nonce += sock.recv(16 - len(nonce))
+                try:
+                    while len(nonce) < 16:
+                        nonce += sock.recv(16 - len(nonce))
+                except socket.timeout:
+                    # not a fiberrl listener (an earlier test's fake API server, say):
+                    # it gets the bytes anyway; fiberrl's own must greet at once
+                    assert address != runtime().address, "the runtime did not greet"
                 sock.sendall(payload)
                 try:
                     answer = sock.recv(1)

@@ -116,5 +116,5 @@ def test_stdlib_simple_queue_on_fiberrl_context_in_one_process():
     queue.put({"x": 1})
     assert not queue.empty()
     assert queue.get() == {"x": 1}
-    assert type(queue._rlock).__module__ == "fiberrl.semlock"
+    assert type(queue._rlock).__module__ == "fiberrl._sync.semlock"
     queue.close()

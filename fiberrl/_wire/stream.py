@@ -154,9 +154,12 @@ class Stream:
             write_all(self.sock, encode(self._signer, kind, frames))
 
     def poll(self, timeout: Optional[float] = 0.0) -> bool:
-        """Whether a message (or end of file) can be read within ``timeout`` seconds."""
+        """Whether a message (or end of file) can be read within ``timeout`` seconds;
+        ``OSError`` once this end is closed."""
         if self._pending:
             return True
+        if self.closed:
+            raise OSError("the stream is closed")
         return wait_for(self.sock.fileno(), timeout=timeout)
 
     def recv(self, timeout: Optional[float] = None) -> Optional[Message]:

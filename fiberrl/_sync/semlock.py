@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-from . import managers
+from . import serving as managers
 
 #: ``_multiprocessing.SemLock`` kinds
 RECURSIVE_MUTEX, SEMAPHORE = 0, 1

@@ -4,11 +4,11 @@ The first such object a process creates starts a manager server in a daemon thre
 of that process (no extra job), listening where the run's other jobs can reach it
 and authenticated with the run's authkey. The objects live there; the handles
 returned to the user are proxies, which pickle to any process of the run and reach
-the service over TCP. An object lives as long as some process holds a proxy to it,
+the service over fiberrl's wire (through the process's one listener). An object lives as long as some process holds a proxy to it,
 and at most as long as the process that created it.
 
 Latency is one request/reply on a TCP connection per operation (see the README's
-figures); what happens when a process using them dies is in :mod:`fiberrl.robust`.
+figures); what happens when a process using them dies is in :mod:`.robust`.
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import threading
 from multiprocessing import process as mp_process
 from typing import Any, Dict, Optional, Tuple
 
-from . import managers, robust, semlock, sharedctypes
+from . import cells, robust, semlock
+from . import serving as managers
 
 _LOCK_EXPOSED = semlock.LockProxy._exposed_
 _SEMAPHORE_EXPOSED = semlock.SemaphoreProxy._exposed_
@@ -41,10 +42,10 @@ REGISTRY: Dict[str, Tuple[Any, Any, Any, type]] = {
                   managers.ConditionProxy),
     "Event": (robust.Event, EventProxy._exposed_, None, EventProxy),
     "Barrier": (robust.Barrier, managers.BarrierProxy._exposed_, None, managers.BarrierProxy),
-    "ValueCell": (sharedctypes.ValueCell, sharedctypes.ValueCellProxy._exposed_, None,
-                  sharedctypes.ValueCellProxy),
-    "ArrayCell": (sharedctypes.ArrayCell, sharedctypes.ArrayCellProxy._exposed_, None,
-                  sharedctypes.ArrayCellProxy),
+    "ValueCell": (cells.ValueCell, cells.ValueCellProxy._exposed_, None,
+                  cells.ValueCellProxy),
+    "ArrayCell": (cells.ArrayCell, cells.ArrayCellProxy._exposed_, None,
+                  cells.ArrayCellProxy),
 }
 
 

@@ -30,7 +30,7 @@ import time
 import weakref
 from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
-from . import managers
+from . import serving as managers
 
 logger = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from multiprocessing import process as mp_process
 from multiprocessing import util as mp_util
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from . import reduction
-from ._wire.stream import NotHereError, Stream, open_stream
-from .errors import ManagerConnectionError
+from .. import reduction
+from .._wire.stream import NotHereError, Stream, open_stream
+from ..errors import ManagerConnectionError
 
 LABEL = "manager"   #: the label of a manager's streams on its listener
 _KIND = b"m"

@@ -1,0 +1,13 @@
+"""The sync server: manager servers, their connections, and the objects they hold.
+
+* :mod:`.connections` — a manager connection on fiberrl's wire;
+* :mod:`.serving` — the server, the proxies and ``BaseManager``;
+* :mod:`.robust` — locks, semaphores, conditions, events and barriers that survive
+  the death of the process holding them;
+* :mod:`.semlock` — the ``_semlock`` view the stdlib's queues read;
+* :mod:`.cells` — ``Value``/``Array`` across hosts;
+* :mod:`.coordination` — the in-process server behind ``fiberrl.Lock()``, ``Value()``...
+
+The public modules (:mod:`fiberrl.managers`, :mod:`fiberrl.synchronize`,
+:mod:`fiberrl.sharedctypes`) sit on top of this package; nothing here imports them.
+"""
