@@ -96,8 +96,8 @@ def _clean(value: Any) -> Any:
 
 def main(args: argparse.Namespace) -> int:
     """Run ``evaluate`` for parsed ``args``; returns the process exit status. Bad input
-    raises :class:`fiberrl.cli_support.UsageError` (one line, exit status 2)."""
-    from fiberrl.cli_support import UsageError
+    raises :class:`fiberrl.cli.support.UsageError` (one line, exit status 2)."""
+    from fiberrl.cli.support import UsageError
     estimators = None
     if args.estimators:
         estimators = [name.strip() for name in args.estimators.split(",") if name.strip()]
@@ -111,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
     if not args.temperature > 0:
         raise UsageError(f"--temperature must be positive, got {args.temperature}")
     if getattr(args, "backend", None):
-        from fiberrl.cli_jobs import check_backend
+        from fiberrl.cli.jobs import check_backend
         check_backend(args.backend)
     try:
         data = load(args.file, format=args.format, gamma=args.gamma,
@@ -167,7 +167,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     """Stand-alone parser for ``python -m cpe``."""
-    from fiberrl.cli_support import ArgumentParser
+    from fiberrl.cli.support import ArgumentParser
     parser = ArgumentParser(prog="python -m cpe", description="Counterfactual policy evaluation.")
     commands = parser.add_subparsers(dest="cpe_command", metavar="COMMAND")
     commands.required = True
@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default: ``sys.argv[1:]``) and run the chosen command."""
-    from fiberrl.cli_support import run_command
+    from fiberrl.cli.support import run_command
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     args = build_parser().parse_args(argv)
     return run_command(args.func, args, "python -m cpe evaluate")

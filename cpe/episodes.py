@@ -19,9 +19,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from typing import Any
+
 import numpy as np
 
-from cpe.data import Trajectories
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def _scatter(values: np.ndarray, episode: np.ndarray, step: np.ndarray, shape: t
     return out
 
 
-def build_episodes(traj: Trajectories) -> EpisodeData:
+def build_episodes(traj: Any) -> EpisodeData:
     """Sort the rows of ``traj`` and build padded episode matrices.
 
     Raises:

@@ -9,7 +9,7 @@ Data flow::
                  (where does each end live? mailbox for messages sent before it knew)
 
 An end becomes *active* in a process when it is first used there, or at once when it
-is unpickled in another process: it opens an :class:`~fiberrl.pipe_inbox.Inbox` behind
+is unpickled in another process: it opens an :class:`~fiberrl._services.pipe_inbox.Inbox` behind
 this process's acceptor and registers the acceptor's addresses with the creator's
 registry, receiving any messages that were left in its mailbox. A sender whose peer is not
 active yet leaves messages in the peer's mailbox (the registry answers "stored" or "the
@@ -49,8 +49,8 @@ from typing import Any, Deque, List, Optional, Tuple
 from . import reduction
 from ._runtime.rpc import client_for
 from ._wire.sockets import local_hostname
-from .pipe_inbox import Inbox, LocalOutbox, Outbox, pipe_ends
-from .rendezvous import pipe_registry
+from ._services.pipe_inbox import Inbox, LocalOutbox, Outbox, pipe_ends
+from ._services.pipe_registry import pipe_registry
 
 logger = logging.getLogger(__name__)
 

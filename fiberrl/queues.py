@@ -6,9 +6,9 @@ Data flow::
                                       process that created it]  --get--> consumer
     items are kept as authenticated, still-pickled frames; only consumers unpickle.
 
-The creating process owns the broker (a :class:`~fiberrl.queue_broker.Broker` inside
+The creating process owns the broker (a :class:`~fiberrl._services.queue_broker.Broker` inside
 its runtime's "queue" service); other processes' puts go through a
-:class:`~fiberrl.queue_feeder.Feeder` thread. In that process, ``put`` and ``get``
+:class:`~fiberrl._services.queue_feeder.Feeder` thread. In that process, ``put`` and ``get``
 touch the broker directly under a lock
 (no sockets); elsewhere, ``put`` on an unbounded queue is one-way (``cast``) and
 ``get`` is one request/reply. Waiting ``get``s are served first come, first served,
@@ -33,8 +33,8 @@ from typing import Any, List, Optional
 
 from . import reduction
 from ._runtime.rpc import RpcClient, client_for
-from .queue_broker import Broker, Waiter, owning_broker, queue_service
-from .queue_feeder import Feeder, feeders
+from ._services.queue_broker import Broker, Waiter, owning_broker, queue_service
+from ._services.queue_feeder import Feeder, feeders
 
 __all__ = ["Queue", "JoinableQueue", "SimpleQueue"]
 

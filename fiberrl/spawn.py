@@ -34,7 +34,7 @@ def _finish_shared_objects() -> None:
     """Deliver pending queue items and close pipe ends: only for what this job used
     (importing those modules just to find nothing would slow every job's exit)."""
     feeders, connection = (sys.modules.get(f"fiberrl.{name}")
-                           for name in ("queue_feeder", "connection"))
+                           for name in ("_services.queue_feeder", "connection"))
     if feeders is not None:
         feeders.flush_all()
     if connection is not None:

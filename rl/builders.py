@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 from .algos import dqn_builders, td3_builders  # noqa: F401  (they register themselves)
-from .train import Trainee, TrainSpec, register, step_trainee
+from .registry import Trainee, TrainSpec, register, step_trainee
 
 logger = logging.getLogger(__name__)
 

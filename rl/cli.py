@@ -59,10 +59,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 def train_command(args: argparse.Namespace) -> int:
     """Run ``train`` for parsed ``args``: every check first (:mod:`rl.preflight`), then
-    the run; bad input raises :class:`fiberrl.cli_support.UsageError`."""
+    the run; bad input raises :class:`fiberrl.cli.support.UsageError`."""
     from pathlib import Path
     from . import preflight
-    from fiberrl.cli_support import UsageError
+    from fiberrl.cli.support import UsageError
     preflight.check_algorithm(args.algo)
     if not args.env:
         raise UsageError("--env is required (a gymnasium id, e.g. CartPole-v1)")
@@ -134,7 +134,7 @@ def register(subparsers: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """Stand-alone parser for ``python -m rl``."""
-    from fiberrl.cli_support import (ArgumentParser, add_debug_argument, add_debug_everywhere,
+    from fiberrl.cli.support import (ArgumentParser, add_debug_argument, add_debug_everywhere,
                                      set_prog)
     parser = ArgumentParser(prog="python -m rl", description="fiberrl's RL commands")
     parser.add_argument("--log-level", default=None)
@@ -149,9 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m rl``: parse ``argv`` and run the chosen command under the error
-    contract of :mod:`fiberrl.cli_support`."""
+    contract of :mod:`fiberrl.cli.support`."""
     import os
-    from fiberrl.cli_support import run_command
+    from fiberrl.cli.support import run_command
     args = build_parser().parse_args(argv)
     level = (args.log_level or os.environ.get("FIBERRL_LOG_LEVEL") or "WARNING").upper()
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")

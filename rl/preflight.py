@@ -1,6 +1,6 @@
 """Checks ``fiberrl train`` makes before any work starts (and before ``--out`` exists).
 
-Each check raises :class:`fiberrl.cli_support.UsageError` with one line saying what is
+Each check raises :class:`fiberrl.cli.support.UsageError` with one line saying what is
 wrong and what to do: an unknown algorithm or env id, an action space the algorithm
 cannot act in, ``--set`` keys the algorithm does not have or values of the wrong type
 (typed against the algorithm's defaults), an unknown backend or one whose extra is
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from fiberrl.cli_support import UsageError
+from fiberrl.cli.support import UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def check_settings(algo: str, settings: List[Tuple[str, Any]]) -> Dict[str, Any]
 def check_backend(name: Optional[str]) -> None:
     """An explicit ``--backend`` must exist and have what it needs installed."""
     if name:
-        from fiberrl.cli_jobs import check_backend as check
+        from fiberrl.cli.jobs import check_backend as check
         check(name)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from ..train import Trainee, TrainSpec, register, step_trainee
+from ..registry import Trainee, TrainSpec, register, step_trainee
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import logging
 import sys
 from typing import Dict, NoReturn
 
-from fiberrl.cli_support import UsageError
+from fiberrl.cli.support import UsageError
 
 from .schema import FORMATS, LoggedDataError
 
@@ -53,7 +53,7 @@ def _init_backend(args: argparse.Namespace) -> None:
 
 def _fail(error: Exception) -> NoReturn:
     """Bad input: one ``fiberrl workflow STEP: error:`` line, exit status 2
-    (:mod:`fiberrl.cli_support`)."""
+    (:mod:`fiberrl.cli.support`)."""
     raise UsageError(str(error)) from error
 
 

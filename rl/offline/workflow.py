@@ -149,14 +149,14 @@ EXPORT_NEEDS = {"onnx": (("onnx", "onnxscript"), "export")}
 def check_config(config: WorkflowConfig) -> None:
     """What must hold before any work starts: the extras the export formats need are
     installed, the backend exists, and ``out`` does not hold an earlier run unless
-    ``training.resume`` is set. Raises :class:`fiberrl.cli_support.UsageError`."""
-    from fiberrl.cli_support import UsageError, require_modules
+    ``training.resume`` is set. Raises :class:`fiberrl.cli.support.UsageError`."""
+    from fiberrl.cli.support import UsageError, require_modules
     for fmt in config.export.formats:
         if fmt in EXPORT_NEEDS:
             modules, extra = EXPORT_NEEDS[fmt]
             require_modules(modules, extra, f"[export] formats = {fmt!r}")
     if config.data.backend:
-        from fiberrl.cli_jobs import check_backend
+        from fiberrl.cli.jobs import check_backend
         check_backend(config.data.backend)
     out = config.out
     if out.exists() and not out.is_dir():

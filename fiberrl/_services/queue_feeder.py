@@ -19,7 +19,7 @@ import threading
 import weakref
 from typing import Any, Deque, List, Optional
 
-from ._runtime.rpc import RpcClient
+from .._runtime.rpc import RpcClient
 
 logger = logging.getLogger(__name__)
 

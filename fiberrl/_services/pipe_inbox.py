@@ -39,12 +39,12 @@ import threading
 import time
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
-from ._runtime.runtime import Runtime, existing_service, service
-from ._wire.auth import Verifier
-from ._wire.framing import FrameReader, Message
-from ._wire.sockets import Address, wait_for
-from ._wire.stream import Stream, open_stream
-from .errors import ForgedMessageError
+from .._runtime.runtime import Runtime, existing_service, service
+from .._wire.auth import Verifier
+from .._wire.framing import FrameReader, Message
+from .._wire.sockets import Address, wait_for
+from .._wire.stream import Stream, open_stream
+from ..errors import ForgedMessageError
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 
 def _spin_budget() -> float:
     """Seconds a waiting receiver polls before it sleeps (0 on a single CPU)."""
-    from .config import get_config
+    from ..config import get_config
     return get_config().spin_wait_us * 1e-6 if _several_cpus() else 0.0
 
 

@@ -23,9 +23,9 @@ import time
 import weakref
 from typing import Any, Deque, Dict, List, Optional
 
-from ._runtime.liveness import existing_job_watch, job_watch
-from ._runtime.rpc import Request
-from ._runtime.runtime import Runtime, existing_service, service
+from .._runtime.liveness import existing_job_watch, job_watch
+from .._runtime.rpc import Request
+from .._runtime.runtime import Runtime, existing_service, service
 from .queue_feeder import unpack_batch
 
 logger = logging.getLogger(__name__)

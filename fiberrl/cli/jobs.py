@@ -28,11 +28,11 @@ import tarfile
 import time
 from typing import Optional
 
-from .backends import default_backend, get_backend
-from .backends.base import RUN_ENV, Backend, Job, JobSpec, run_id
-from .cli_support import UsageError
-from .config import get_config, init
-from .errors import BackendError
+from ..backends import default_backend, get_backend
+from ..backends.base import RUN_ENV, Backend, Job, JobSpec, run_id
+from .support import UsageError
+from ..config import get_config, init
+from ..errors import BackendError
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +81,8 @@ def _backend(name: Optional[str]) -> Backend:
 def check_backend(chosen: str) -> None:
     """Raise :class:`UsageError` when backend ``chosen`` does not exist or misses what
     it needs here (an extra, Slurm's commands)."""
-    from .backends import available_backends
-    from .backends.requirements import missing_requirement
+    from ..backends import available_backends
+    from ..backends.requirements import missing_requirement
     if chosen not in available_backends():
         raise UsageError(f"unknown backend {chosen!r}; choose one of "
                          f"{', '.join(available_backends())} (fiberrl backends lists them)")
@@ -146,7 +146,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"no such script: {script}")
     check_backend(name)  # an unknown backend or a missing extra, before anything starts
     if name in ("docker", "kubernetes") and not args.no_build:
-        from .backends.requirements import missing_requirement
+        from ..backends.requirements import missing_requirement
         problem = missing_requirement("docker")
         if problem:
             raise UsageError(f"building the image: {problem}")

@@ -25,9 +25,9 @@ def _command_entry_points() -> list:
 def _backends(args: argparse.Namespace) -> int:
     """``fiberrl backends``: each backend, ``*`` on the configured one, and what a
     backend that cannot run here is missing."""
-    from .backends import available_backends
-    from .backends.requirements import missing_requirement
-    from .config import get_config
+    from ..backends import available_backends
+    from ..backends.requirements import missing_requirement
+    from ..config import get_config
     current = get_config().backend
     for name in available_backends():
         problem = missing_requirement(name)
@@ -38,8 +38,8 @@ def _backends(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser with every registered subcommand."""
-    from . import __version__
-    from .cli_support import ArgumentParser, add_debug_argument
+    from .. import __version__
+    from .support import ArgumentParser, add_debug_argument
     parser = ArgumentParser(prog="fiberrl", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"fiberrl {__version__}")
     parser.add_argument("--log-level", default=None,
@@ -48,14 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     backends = sub.add_parser("backends", help="list the backends available here")
     backends.set_defaults(func=_backends)
-    from . import cli_jobs
+    from . import jobs as cli_jobs
     cli_jobs.register(sub)
     for entry in _command_entry_points():
         try:
             entry.load()(sub)
         except Exception:  # a broken plugin must not break the whole command
             logger.exception("could not load fiberrl command %r", entry.name)
-    from .cli_support import add_debug_everywhere, set_prog
+    from .support import add_debug_everywhere, set_prog
     add_debug_everywhere(sub)
     set_prog(sub)
     return parser
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``fiberrl`` command."""
-    from .cli_support import run_command
+    from .support import run_command
     parser = build_parser()
     args = parser.parse_args(argv)
     level = (args.log_level or os.environ.get("FIBERRL_LOG_LEVEL") or "WARNING").upper()

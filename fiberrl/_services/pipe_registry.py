@@ -26,10 +26,10 @@ from typing import Dict, List, Optional
 
 import psutil
 
-from ._runtime.liveness import job_watch
-from ._runtime.rpc import Request
-from ._runtime.runtime import Runtime, service
-from ._wire.sockets import local_hostname
+from .._runtime.liveness import job_watch
+from .._runtime.rpc import Request
+from .._runtime.runtime import Runtime, service
+from .._wire.sockets import local_hostname
 
 logger = logging.getLogger(__name__)
 
