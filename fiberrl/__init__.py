@@ -10,15 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 from .context import FiberContext, default_context
-from .errors import (AuthenticationError, BufferTooShort, JobFailedError, ManagerConnectionError,
-                     PoolTerminatedError, ProcessError, TaskDeserializationError, TaskRetryError,
-                     TimeoutError)
+from .errors import (AuthenticationError, BackendError, BufferTooShort, ConfigError,
+                     JobFailedError, ManagerConnectionError, OwnerGoneError, PoolTerminatedError,
+                     ProcessError, TaskDeserializationError, TaskRetryError, TimeoutError)
 
 __version__ = "0.1.0"
 
 _CONTEXT_NAMES = [name for name in dir(FiberContext) if not name.startswith("_")]
 
 __all__ = sorted(set(_CONTEXT_NAMES) | {"FiberContext", "JobFailedError", "ManagerConnectionError",
+                                        "OwnerGoneError", "ConfigError", "BackendError",
                                         "__version__"})
 
 

@@ -12,8 +12,10 @@ from multiprocessing import (AuthenticationError, BufferTooShort, ProcessError,
 from typing import Optional
 
 __all__ = ["ProcessError", "BufferTooShort", "TimeoutError", "AuthenticationError",
-           "ConfigError", "BackendError", "JobFailedError", "RemoteError", "TaskRetryError",
-           "TaskDeserializationError", "PoolTerminatedError", "SharedMemoryHostError"]
+           "ConfigError", "BackendError", "JobFailedError", "TaskRetryError",
+           "TaskDeserializationError", "PoolTerminatedError", "ManagerConnectionError",
+           "OwnerGoneError", "ForgedMessageError", "SharedMemoryHostError", "NotHereError",
+           "ForkServerError", "UnlockedReleaseError", "ClientGone"]
 
 
 class ConfigError(ValueError):
@@ -46,15 +48,6 @@ class JobFailedError(ProcessError):
         self.exit_code = exit_code
         self.reason = reason
         self.log_tail = log_tail
-
-
-class RemoteError(Exception):
-    """An exception raised in another process, re-raised here with its traceback text."""
-
-    def __init__(self, type_name: str, message: str, traceback_text: str) -> None:
-        super().__init__(f"{type_name}: {message}\n\nRemote traceback:\n{traceback_text}")
-        self.type_name = type_name
-        self.traceback_text = traceback_text
 
 
 class TaskRetryError(JobFailedError):
@@ -116,3 +109,21 @@ class ForgedMessageError(ConnectionError, EOFError):
 class SharedMemoryHostError(ProcessError):
     """A shared-memory object (``Value``/``Array`` on one host, ``SharedMemory``) was
     received on a host other than the one whose memory holds it."""
+
+
+class NotHereError(ConnectionRefusedError):
+    """A listener answered that the service a stream asked for is not there (a pipe end
+    that moved on, a pool that closed, a manager that stopped)."""
+
+
+class ForkServerError(OSError):
+    """The fork server could not start a job (the caller may exec it instead)."""
+
+
+class UnlockedReleaseError(ValueError, RuntimeError):
+    """Releasing a lock that is not locked: the ``ValueError`` of ``multiprocessing.Lock``
+    and the ``RuntimeError`` of ``threading.Lock`` (and so of manager locks) at once."""
+
+
+class ClientGone(ConnectionAbortedError):
+    """The client a blocked call was made for disconnected; the call is abandoned."""

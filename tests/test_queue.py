@@ -176,3 +176,28 @@ def test_remote_join_waits_for_its_own_earlier_puts():
         q.task_done()
     proc.join(30)
     assert proc.exitcode == 0 and got == list(range(50))
+
+
+def _own_a_queue(out):
+    q = fiberrl.Queue()
+    out.put(q)
+    import time
+    time.sleep(60)
+
+
+def test_a_queue_whose_owner_died_raises_owner_gone_not_a_hang():
+    """The owner's process is gone: get() raises fiberrl.OwnerGoneError (a ProcessError
+    and a ConnectionError, importable from fiberrl), at once, instead of hanging."""
+    import time
+    out = fiberrl.Queue()
+    owner = fiberrl.Process(target=_own_a_queue, args=(out,))
+    owner.start()
+    q = out.get(timeout=60)
+    owner.kill()
+    owner.join(30)
+    started = time.monotonic()
+    with pytest.raises(fiberrl.OwnerGoneError) as caught:
+        q.get(timeout=5)
+    assert isinstance(caught.value, fiberrl.ProcessError)
+    assert isinstance(caught.value, ConnectionError)
+    assert time.monotonic() - started < 5

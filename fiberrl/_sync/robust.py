@@ -30,6 +30,7 @@ import time
 import weakref
 from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
+from ..errors import ClientGone, UnlockedReleaseError
 from . import serving as managers
 
 logger = logging.getLogger(__name__)
@@ -39,15 +40,6 @@ WAIT_SLICE = 0.2
 
 _live: "weakref.WeakSet[_Robust]" = weakref.WeakSet()
 _live_lock = threading.Lock()
-
-
-class UnlockedReleaseError(ValueError, RuntimeError):
-    """Releasing a lock that is not locked: the ``ValueError`` of ``multiprocessing.Lock``
-    and the ``RuntimeError`` of ``threading.Lock`` (and so of manager locks) at once."""
-
-
-class ClientGone(ConnectionAbortedError):
-    """The client a blocked call was made for disconnected; the call is abandoned."""
 
 
 def _client_departed(ident: int) -> None:

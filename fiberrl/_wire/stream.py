@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, List, Optional, Sequence
 
-from ..errors import AuthenticationError, ForgedMessageError
+from ..errors import AuthenticationError, ForgedMessageError, NotHereError
 from .auth import (NONCE_BYTES, PROOF_BYTES, Signer, Verifier, fresh_nonce, proofs, run_secret,
                    session_keys)
 from .framing import IOV_MAX, FrameReader, Message, drop_written, encode, write_all
@@ -30,10 +30,6 @@ from .sockets import Address, connect, recv_exact, tune, wait_for
 OK, REFUSED, NOT_HERE = b"\x01", b"\x02", b"\x03"
 SETUP_TIMEOUT = 10.0
 _MAX_LABEL = 255
-
-
-class NotHereError(ConnectionRefusedError):
-    """The listener answered that the service a stream asked for is not there."""
 
 
 def open_stream(address: Address, label: str, key: Optional[bytes] = None,

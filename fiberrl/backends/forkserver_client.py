@@ -19,6 +19,7 @@ import subprocess
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..errors import ForkServerError
 from .forkserver import MARKER_ENV, MAX_FDS, MAX_REQUEST, READY
 
 logger = logging.getLogger(__name__)
@@ -31,10 +32,6 @@ _SPAWN_ARGS = ["-m", "fiberrl.spawn"]
 def forkable(command: Sequence[str]) -> bool:
     """Whether ``command`` runs fiberrl's job entry point (what a fork server runs)."""
     return list(command[1:]) == _SPAWN_ARGS
-
-
-class ForkServerError(OSError):
-    """The fork server could not start a job (the caller may exec it instead)."""
 
 
 def _start_up_env(env: Dict[str, str]) -> Dict[str, str]:
