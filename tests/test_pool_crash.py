@@ -175,3 +175,15 @@ def test_arguments_that_cannot_be_pickled_raise_at_the_call(make_pool):
         p.starmap_async(identity, [(RefusesToPickle(),)])
     assert p.map(square, range(20)) == SQUARES
     assert p.stats().worker_deaths == 0
+
+
+def test_idle_and_busy_workers_stay_alive_on_their_jobs_heartbeats(make_pool):
+    """Workers send no messages of their own while idle or busy on one long task: the
+    heartbeats of their job's watch stream, heard by this process's job watch, keep
+    them alive past heartbeat_timeout."""
+    p = make_pool(2, heartbeat_timeout=2)
+    assert wait_until(lambda: p.stats().alive == 2, 60), p.stats()
+    time.sleep(5)   # idle, more than twice the timeout
+    assert p.apply_async(time.sleep, (5,)).get(timeout=60) is None   # busy, as long
+    stats = p.stats()
+    assert stats.worker_deaths == 0 and stats.alive == 2, stats

@@ -1,9 +1,11 @@
-"""The pool's I/O thread: idle workers pull tasks; results come back and fill results.
+"""The pool's dispatcher: idle workers pull tasks; results come back and fill results.
 
-Data flow (everything below is guarded by one re-entrant lock; the I/O thread takes
-it to handle what ``select`` returned, a caller's thread takes it to queue tasks and
-hand them straight to a worker with room, which saves a thread wake-up per call;
-the supervisor talks to it through :meth:`Dispatcher.call_soon`)::
+It runs on the process's one I/O loop (:mod:`fiberrl._runtime.reactor`): the loop
+reads the workers' streams and calls back here. Everything below is guarded by one
+re-entrant lock; the loop takes it to handle a worker's messages, a caller's thread
+takes it to queue tasks and hand them straight to a worker with room, which saves a
+thread wake-up per call; the supervisor talks to it through
+:meth:`Dispatcher.call_soon`::
 
     caller threads --submit--> inbox --> task queue --(credit)--> worker links
                                             ^   pending table <---'   |
@@ -18,14 +20,16 @@ task ahead while tasks are short, one task at a time while the cost is unknown, 
 never more than a fair share of what is queued. A task re-queued after its worker
 died is *suspect*: it goes alone to an empty worker (see :mod:`.pending`).
 
-Deaths are declared by the supervisor thread (it knows the backend's reason); this
-thread only reports what it sees: a closed connection or a missed heartbeat.
+Deaths are declared by the supervisor thread (it knows the backend's reason); the
+dispatcher only reports what it sees: a closed connection, or a worker silent for
+``heartbeat_timeout`` (neither a message from it nor a heartbeat of its job's watch
+stream, which the job watch of this process hears).
 """
 from __future__ import annotations
 
 import collections
+import functools
 import logging
-import os
 import selectors
 import threading
 import time
@@ -33,6 +37,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from .. import reduction
 from ..errors import PoolTerminatedError, TaskRetryError
+from .._runtime.liveness import job_watch
 from .._runtime.runtime import runtime
 from .._wire.stream import Channel
 from .pending import PendingTable
@@ -51,7 +56,8 @@ class WorkerLink:
     """The pool's view of one connected worker."""
 
     __slots__ = ("id", "channel", "pid", "host", "quota_left", "known", "drops",
-                 "last_seen", "idle_since", "retiring", "dead", "solo", "hungry", "stop_sent")
+                 "last_seen", "idle_since", "retiring", "dead", "solo", "hungry", "stop_sent",
+                 "job_token")
 
     def __init__(self, worker_id: int, channel: PoolChannel, pid: int, host: str,
                  quota: Optional[int]) -> None:
@@ -69,6 +75,7 @@ class WorkerLink:
         self.solo = False
         self.hungry = False
         self.stop_sent = False
+        self.job_token: Optional[str] = None   # its job's token, for the job watch
 
 
 class Dispatcher:
@@ -91,51 +98,81 @@ class Dispatcher:
         self.pending = PendingTable(max_task_retries)
         self.links: Dict[int, WorkerLink] = {}
         self.expected: Dict[int, tuple] = {}       # worker id -> (token, maxtasks)
+        self.job_tokens: Dict[int, str] = {}       # worker id -> its job's token
+        self.jobs = job_watch()
         self.calls: Dict[int, Any] = {}            # live calls, for terminate
         self.hungry: "collections.deque[WorkerLink]" = collections.deque()
         self.target = 1
         self.completed = 0
         self.closing = False
         self._stopped = False
-        self._inbox: "collections.deque" = collections.deque()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        self._woken = False
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self.acceptor.route(self.label, self._adopt)
-        self._next_tick = time.monotonic() + TICK
+        self.reactor = rt.reactor
+        self._streams: Dict[int, list] = {}        # fd -> [channel, link or None]
+        self._done = threading.Event()             # set once every stream is closed
+        self._started = False
         self.lock = threading.RLock()
-        self.thread = threading.Thread(target=self._run, name="fiberrl-pool-io", daemon=True)
+        self.acceptor.route(self.label, self._adopt)
 
     # -- any thread --------------------------------------------------------------
+    def start(self) -> None:
+        """Start the dispatcher's clock (its streams are served as they arrive)."""
+        self._started = True
+        self.reactor.call_later(TICK, self._on_tick)
+
+    def running(self) -> bool:
+        """False once the dispatcher stopped (terminated, or failed)."""
+        return not self._done.is_set()
+
+    def wait_stopped(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the dispatcher stopped; False on timeout."""
+        return self._done.wait(timeout)
+
     def call_soon(self, fn: Callable[[], Any]) -> None:
-        """Run ``fn`` in the I/O thread, in submission order."""
-        self._inbox.append(fn)
-        if not self._woken:
-            self._woken = True
+        """Run ``fn`` on the I/O loop under the lock, in submission order."""
+        self.reactor.call_soon(functools.partial(self._guarded, fn))
+
+    # -- on the loop -------------------------------------------------------------
+    def _guarded(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` then dispatch, under the lock; a bug stops the pool, not the loop."""
+        if self._done.is_set():
+            return
+        with self.lock:
             try:
-                os.write(self._wake_w, b"x")
-            except (BlockingIOError, OSError):
-                pass
+                fn()
+                self._dispatch()
+            except Exception:
+                logger.exception("the pool's dispatcher failed; the pool stops")
+                self._stopped = True
+                self._abort_all(PoolTerminatedError("the pool's dispatcher failed; see the log"))
+                self.events.put(("terminate", 0, None))
+                self._close_sockets()
+
+    def _on_tick(self) -> None:
+        if self._stopped:
+            self._guarded(self._close_sockets)
+            return
+        self._guarded(self._tick)
+        if not self._done.is_set():
+            self.reactor.call_later(TICK, self._on_tick)
+
+    def _register(self, data: list) -> None:
+        fd = data[0].fileno()
+        self._streams[fd] = data
+        self.reactor.add_reader(fd, functools.partial(self._on_io, data, selectors.EVENT_READ))
+
+    def _on_io(self, data: list, mask: int) -> None:
+        self._guarded(functools.partial(self._on_event, data, mask))
 
     def _adopt(self, label: str, sock: Any, send_key: bytes, recv_key: bytes,
                leftover: bytes) -> bool:
         """A worker's authenticated stream, from the runtime's acceptor (its loop)."""
-        if self._stopped:
-            return False
-        channel = PoolChannel(Channel(sock, send_key, recv_key, leftover))
-
-        def register() -> None:
+        with self.lock:
             if self._stopped:
-                channel.close()
-                return
-            self._selector.register(channel, selectors.EVENT_READ, [channel, None])
-            if leftover:  # the worker's first messages came with its hello
-                self._on_event([channel, None], selectors.EVENT_READ)
-
-        self.call_soon(register)
+                return False
+            data = [PoolChannel(Channel(sock, send_key, recv_key, leftover)), None]
+            self._register(data)
+        if leftover:  # the worker's first messages came with its hello
+            self._on_io(data, selectors.EVENT_READ)
         return True
 
     def submit(self, call: Any, tasks: List[Task], last: bool) -> None:
@@ -170,68 +207,33 @@ class Dispatcher:
                     link.known.discard(entry.id)
                     link.drops.append(entry.id)
 
-    def _run(self) -> None:
+    def _on_event(self, data: list, mask: int) -> None:
+        channel = data[0]
+        if channel.fileno() not in self._streams:
+            return   # closed meanwhile
         try:
-            while not self._stopped:
-                timeout = max(0.0, self._next_tick - time.monotonic())
-                ready = self._selector.select(timeout)
-                with self.lock:
-                    for key, mask in ready:
-                        self._on_event(key.data, mask)
-                    self._drain_inbox()
-                    self._dispatch()
-                    if time.monotonic() >= self._next_tick:
-                        self._next_tick = time.monotonic() + TICK
-                        self._tick()
-        except Exception:
-            logger.exception("the pool's I/O thread failed; the pool stops")
-            self._stopped = True
-            self._abort_all(PoolTerminatedError("the pool's I/O thread failed; see the log"))
-            self.events.put(("terminate", 0, None))
-        finally:
-            self._close_sockets()
+            if mask & selectors.EVENT_WRITE:
+                channel.on_writable()
+            if mask & selectors.EVENT_READ:
+                for header, buffers in channel.on_readable():
+                    self._on_message(data, header, buffers)
+            self._watch_writes(channel, data)
+        except ConnectionError as exc:
+            self._connection_lost(data, str(exc))
 
-    def _drain_inbox(self) -> None:
-        inbox = self._inbox
-        while inbox:
-            fn = inbox.popleft()
-            try:
-                fn()
-            except Exception:
-                logger.exception("pool I/O thread: %r failed", fn)
+    def _watch_writes(self, channel: PoolChannel, data: list) -> None:
+        # (safe from any thread: epoll_ctl is thread-safe, and the loop's tables are dicts)
+        writer = functools.partial(self._on_io, data, selectors.EVENT_WRITE)
+        self.reactor.set_writer(channel.fileno(), writer if channel.wants_write else None)
 
-    def _on_event(self, data: Any, mask: int) -> None:
-        if data == "wake":
-            self._woken = False
-            try:
-                while os.read(self._wake_r, 4096):
-                    pass
-            except (BlockingIOError, OSError):
-                pass
-        else:
-            channel = data[0]
-            try:
-                if mask & selectors.EVENT_WRITE:
-                    channel.on_writable()
-                if mask & selectors.EVENT_READ:
-                    for header, buffers in channel.on_readable():
-                        self._on_message(data, header, buffers)
-                self._watch_writes(channel, data)
-            except ConnectionError as exc:
-                self._connection_lost(data, str(exc))
-
-    def _watch_writes(self, channel: PoolChannel, data: Any) -> None:
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if channel.wants_write else 0)
-        if self._selector.get_key(channel).events != events:
-            # (safe while the I/O thread sits in select: epoll_ctl is thread-safe)
-            self._selector.modify(channel, events, data)
+    def _unregister(self, channel: PoolChannel) -> None:
+        fd = channel.fileno()
+        if self._streams.pop(fd, None) is not None:
+            self.reactor.remove(fd)
 
     def _connection_lost(self, data: list, why: str) -> None:
         channel, link = data
-        try:
-            self._selector.unregister(channel)
-        except (KeyError, ValueError):
-            pass
+        self._unregister(channel)
         channel.close()
         if link is not None and not link.dead:
             link.dead = True
@@ -251,8 +253,6 @@ class Dispatcher:
 
     def _identify(self, data: list, header: tuple) -> None:
         kind = header[0]
-        if kind == "hb":
-            return
         if kind not in ("hello", "init_failed") or self.expected.get(header[1], (None,))[0] != header[2]:
             raise ConnectionError(f"unexpected first message {kind!r} from a pool worker")
         worker_id = header[1]
@@ -262,6 +262,7 @@ class Dispatcher:
             raise ConnectionError("initializer failed")
         _, _, _, pid, host = header
         link = WorkerLink(worker_id, data[0], pid, host, maxtasks)
+        link.job_token = self.job_tokens.pop(worker_id, None)
         data[1] = link
         self.links[worker_id] = link
         self.events.put(("hello", worker_id, pid))
@@ -362,7 +363,8 @@ class Dispatcher:
                 self.events.put(("retiring", link.id, "maxtasksperchild reached"))
         try:
             link.channel.send(("tasks", funcs, drops, tasks, solo), func_buffers + task_buffers)
-            self._watch_writes(link.channel, self._selector.get_key(link.channel).data)
+            self._watch_writes(link.channel, self._streams.get(link.channel.fileno(),
+                                                               [link.channel, link]))
         except (ConnectionError, KeyError) as exc:
             self._connection_lost([link.channel, link], str(exc))
 
@@ -371,16 +373,31 @@ class Dispatcher:
         """A worker is starting: accept its hello."""
         self.expected[worker_id] = (token, maxtasks)
 
+    def job_started(self, worker_id: int, job_token: str) -> None:
+        """The job of ``worker_id`` was started with ``job_token`` (its heartbeats)."""
+        link = self.links.get(worker_id)
+        if link is not None:
+            link.job_token = job_token
+        elif worker_id in self.expected:
+            self.job_tokens[worker_id] = job_token
+
+    def _silence(self, link: WorkerLink, now: float) -> float:
+        """Seconds since the worker was last heard: a message, or its job's heartbeat."""
+        silent = now - link.last_seen
+        if link.job_token is not None:
+            heartbeat = self.jobs.silence(link.job_token)
+            if heartbeat is not None:
+                silent = min(silent, heartbeat)
+        return silent
+
     def worker_lost(self, worker_id: int, how: str, unexpected: bool) -> None:
         """The supervisor declared ``worker_id`` gone: take its tasks back."""
         self.expected.pop(worker_id, None)
+        self.job_tokens.pop(worker_id, None)
         link = self.links.pop(worker_id, None)
         if link is not None:
             link.dead = True
-            try:
-                self._selector.unregister(link.channel)
-            except (KeyError, ValueError):
-                pass
+            self._unregister(link.channel)
             link.channel.close()
         requeue, exhausted = self.pending.worker_lost(worker_id, how)
         if requeue:
@@ -411,10 +428,10 @@ class Dispatcher:
             if link.dead:
                 continue
             held = self.pending.held_by(link.id)
-            if now - link.last_seen > self.heartbeat_timeout:
+            silent = self._silence(link, now)
+            if silent > self.heartbeat_timeout:
                 link.dead = True
-                self.events.put(("unresponsive", link.id,
-                                 f"no heartbeat for {now - link.last_seen:.1f} s"))
+                self.events.put(("unresponsive", link.id, f"no heartbeat for {silent:.1f} s"))
             elif link.retiring and held == 0:
                 self._stop_link(link)
             elif (idle_release and held == 0 and not link.retiring
@@ -452,21 +469,22 @@ class Dispatcher:
             call._abort(error)
 
     def terminate(self) -> None:
-        """Fail every outstanding result and stop the thread (I/O thread)."""
+        """Fail every outstanding result and close every worker stream (on the loop)."""
         self._abort_all(PoolTerminatedError("the pool was terminated before this result was ready"))
         self._stopped = True
+        self._close_sockets()
 
     def _close_sockets(self) -> None:
-        for key in list(self._selector.get_map().values()):
-            if isinstance(key.data, list):
-                key.data[0].close()
-        self._selector.close()
+        if self._done.is_set():
+            return
+        for data in list(self._streams.values()):
+            self._unregister(data[0])
+            data[0].close()
         self.acceptor.unroute(self.label)
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        self._done.set()
 
     def stop(self) -> None:
-        """Stop the thread from any thread and wait for it."""
+        """Stop the dispatcher from any thread and wait for it (not on the loop itself)."""
         self.call_soon(self.terminate)
-        if self.thread.is_alive() and threading.current_thread() is not self.thread:
-            self.thread.join(10.0)
+        if not self.reactor.in_loop():
+            self._done.wait(10.0)

@@ -77,7 +77,7 @@ class _PoolCore:
         self.supervisor = Supervisor(self.dispatcher, processes, self.name, worker_options,
                                      max_task_retries, idle_timeout,
                                      get_config().time_limit_margin)
-        self.dispatcher.thread.start()
+        self.dispatcher.start()
         self.supervisor.thread.start()
 
     def terminate(self) -> None:
@@ -87,14 +87,14 @@ class _PoolCore:
         self.supervisor.request("terminate")
 
     def join(self, timeout: Optional[float] = None) -> bool:
-        for thread in (self.supervisor.thread, self.dispatcher.thread):
-            if thread is threading.current_thread():
-                continue  # terminate() from a callback: the pool's own threads wind down
+        thread = self.supervisor.thread
+        if thread is not threading.current_thread() and thread.is_alive():
+            thread.join(timeout)   # (not from a callback: the pool's own threads wind down)
             if thread.is_alive():
-                thread.join(timeout)
-                if thread.is_alive():
-                    return False
-        return True
+                return False
+        if self.dispatcher.reactor.in_loop():
+            return True   # a callback on the I/O loop: the dispatcher stops after it
+        return self.dispatcher.wait_stopped(timeout)
 
 
 TERMINATE_WAIT = 15.0  # seconds terminate() waits for the workers to be gone

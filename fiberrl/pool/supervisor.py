@@ -102,7 +102,7 @@ class Supervisor:
         try:
             while True:
                 self._handle_events()
-                if not self.dispatcher.thread.is_alive():
+                if not self.dispatcher.running():
                     self.terminating = True  # nothing can reach workers any more
                 if self.terminating:
                     self._kill_all()
@@ -270,6 +270,8 @@ class Supervisor:
                                             options["initializer"], options["initargs"],
                                             options["maxtasks"], options["heartbeat_interval"]))
                     process.start()
+                    self.dispatcher.call_soon(functools.partial(
+                        self.dispatcher.job_started, worker_id, process._popen._token))
                     started.append(WorkerRecord(worker_id, process))
         except Exception as exc:
             logger.error("pool %s could not start %d worker(s): %s", self.name, count, exc)

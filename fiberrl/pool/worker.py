@@ -5,8 +5,9 @@ It connects to its pool (:mod:`fiberrl.pool.wire`), runs the initializer,
 says hello, then runs the tasks it is handed, in order, and sends results back in
 batches: a batch leaves when the worker has nothing left to run, after a
 millisecond, or at once for a task the pool marked *suspect* (its previous worker
-died), so that the pool knows exactly which task a crash belongs to. A heartbeat
-thread proves the worker is alive while a long task runs.
+died), so that the pool knows exactly which task a crash belongs to. The job's watch
+over its parent (:mod:`fiberrl._runtime.liveness`) proves the worker is alive while a
+long task runs: its heartbeats go to the pool's process at the pool's interval.
 
 Messages (headers; pickle streams are bytes inside the header, large buffers follow)::
 
@@ -16,7 +17,7 @@ Messages (headers; pickle streams are bytes inside the header, large buffers fol
     worker -> pool  ("hello", worker_id, token, pid, host)
                     ("init_failed", worker_id, token, traceback_text)
                     ("results", [(task_id, ok, stream, n_buffers, seconds)])
-                    ("hb",)  ("bye",)
+                    ("bye",)
 """
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ import collections
 import logging
 import os
 import socket
-import threading
 import time
 import traceback
 import types
@@ -35,6 +35,7 @@ from .. import reduction
 from ..errors import TaskDeserializationError
 from .tasks import APPLY, ITEM_ATTRIBUTE, MAP
 from .wire import WorkerConnection
+from .._runtime.liveness import parent_watch
 
 logger = logging.getLogger(__name__)
 
@@ -77,20 +78,6 @@ class _Globals:
             for key in entry["keys"]:
                 if key in source:
                     func.__globals__[key] = source[key]
-
-
-class _Heartbeat(threading.Thread):
-    def __init__(self, conn: WorkerConnection, interval: float) -> None:
-        super().__init__(name="fiberrl-pool-heartbeat", daemon=True)
-        self.conn, self.interval = conn, interval
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopped.wait(self.interval):
-            try:
-                self.conn.send(("hb",))
-            except OSError:
-                return
 
 
 def _execute(func: Any, mode: int, frames: List[Any]) -> Tuple[bool, Any]:
@@ -216,8 +203,9 @@ def run_worker(address: tuple, worker_id: int, token: str, initializer: Optional
                initargs: Sequence[Any], maxtasks: Optional[int], heartbeat_interval: float) -> None:
     """Entry point of a pool worker job (the target of its :class:`fiberrl.Process`)."""
     conn = WorkerConnection(*address)
-    heartbeat = _Heartbeat(conn, heartbeat_interval)
-    heartbeat.start()
+    watch = parent_watch()   # the job's one liveness stream, to the pool's process
+    if watch is not None:
+        watch.set_interval(heartbeat_interval)   # as often as this pool needs to hear
     worker = Worker(conn, worker_id, maxtasks)
     try:
         if initializer is not None:
@@ -236,5 +224,4 @@ def run_worker(address: tuple, worker_id: int, token: str, initializer: Optional
         logger.info("worker %d interrupted", worker_id)
         raise SystemExit(INTERRUPTED_EXIT) from None
     finally:
-        heartbeat.stopped.set()
         conn.close()
