@@ -26,7 +26,6 @@ import threading
 import weakref
 from multiprocessing import context as _mp_context
 from multiprocessing import util as _mp_util
-from multiprocessing.connection import wait as _wait_fds
 from typing import Iterator, Optional
 
 from . import reduction
@@ -35,6 +34,7 @@ from ._runtime.jobenv import (JOB_ENV, PARENT_ENV, SENTINEL_ENV, TOKEN_ENV, addr
 from ._runtime.liveness import job_watch
 from ._services.spawn import spawn_service
 from ._wire.auth import secret_env
+from ._wire.sockets import wait_for
 from .backends import JobSpec, JobState, default_backend
 from .backends.base import RUN_ENV, run_id
 from .config import INHERITED_ENV, get_config
@@ -212,7 +212,7 @@ class Popen:
     def wait(self, timeout: Optional[float] = None) -> Optional[int]:
         """Wait for the job to end; return its exit code, or None on timeout."""
         if self.returncode is None:
-            if not _wait_fds([self.sentinel], timeout):
+            if not wait_for(self.sentinel, timeout=timeout):
                 return None
             status = self.backend.wait(self.job, timeout=max(timeout or 0.0, 5.0))
             if status is not None:
