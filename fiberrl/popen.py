@@ -70,6 +70,16 @@ def _find_unpicklable(process_obj) -> Optional[str]:
     return None
 
 
+def _main_path() -> Optional[str]:
+    """The file of this process's ``__main__`` (a script), for jobs that meet objects
+    pickled by reference to it (see ``fiberrl.spawn.__getattr__``)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None or getattr(main, "__spec__", None) is not None:
+        return None   # interactive, -c, or run with -m (importable by its own name)
+    return os.path.abspath(path)
+
+
 def _inherited_config(cfg, backend) -> str:
     """The configuration a job inherits, naming the backend in use (which may have
     been detected rather than configured)."""
@@ -110,7 +120,8 @@ class Popen:
         with shipping_to(token):
             frames = _pickle_process(process_obj)
         prep = {"sys_path": list(sys.path), "cwd": os.getcwd(),
-                "log_level": cfg.log_level, "name": process_obj.name}
+                "log_level": cfg.log_level, "name": process_obj.name,
+                "main_path": _main_path()}
         read_fd, write_fd = os.pipe()
         env = {PARENT_ENV: address_env(service.runtime.address), TOKEN_ENV: token,
                JOB_ENV: process_obj.name, RUN_ENV: run_id(),

@@ -33,6 +33,7 @@ from typing import Any, List, Optional
 
 from . import reduction
 from ._runtime.rpc import RpcClient, client_for
+from ._wire.sockets import wait_for
 from .queue_broker import Broker, Waiter, owning_broker, queue_service
 from .queue_feeder import Feeder, feeders
 
@@ -227,6 +228,47 @@ class Queue:
         self._cancelled = True
         if self._feeder_obj is not None:
             self._feeder_obj.cancelled = True
+
+
+    @property
+    def _reader(self) -> "QueueReader":
+        """The stdlib queues' read end, which ``concurrent.futures`` waits on with
+        ``connection.wait`` and reads with ``recv()``: here, in the creating process."""
+        return QueueReader(self)
+
+
+class QueueReader:
+    """A queue's readable side as a connection: ``fileno()`` is readable exactly while
+    the queue holds items (in the process that created it; elsewhere ``OSError``)."""
+
+    def __init__(self, queue: Queue) -> None:
+        self._queue = queue
+
+    def fileno(self) -> int:
+        """A descriptor readable while an item is waiting."""
+        broker = self._queue._broker()
+        if broker is None:
+            raise OSError(f"{self._queue!r} can be waited on only in the process that "
+                          "created it")
+        return broker.ready_flag().fileno()
+
+    def poll(self, timeout: Optional[float] = 0.0) -> bool:
+        """Whether an item is waiting, within ``timeout`` seconds (None: no limit)."""
+        return wait_for(self.fileno(), timeout=timeout)
+
+    def recv(self) -> Any:
+        """Remove and return the next item, waiting for one."""
+        return self._queue.get()
+
+    def close(self) -> None:
+        """Close the queue."""
+        self._queue.close()
+
+    def __eq__(self, other: object) -> bool:   # a fresh reader each time: same queue, equal
+        return isinstance(other, QueueReader) and other._queue is self._queue
+
+    def __hash__(self) -> int:
+        return hash(id(self._queue))
 
 
 class JoinableQueue(Queue):

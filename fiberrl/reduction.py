@@ -21,6 +21,7 @@ from collections import ChainMap
 from typing import Any, List, Sequence, Union
 
 import cloudpickle
+from multiprocessing import connection as _mp_connection
 
 __all__ = ["dumps", "dumps_data", "loads", "Frames", "OUT_OF_BAND_MIN_BYTES",
            "describe_unpicklable", "ForkingPickler", "register", "dump", "DupFd", "sendfds",
@@ -82,8 +83,15 @@ def _code_reduce_keeping_filename(code: types.CodeType) -> Any:
                           for arg in args)
 
 
-#: reducers added with :func:`register` (the stdlib's ``ForkingPickler.register``)
-_EXTRA_REDUCERS: dict = {}
+def _reduce_stdlib_connection(conn: Any) -> Any:
+    """A stdlib ``Connection`` travels by lending its descriptor (same host only)."""
+    from .fd_sharing import reduce_connection
+    return reduce_connection(conn)
+
+
+#: reducers added with :func:`register` (the stdlib's ``ForkingPickler.register``), and
+#: the stdlib's connections, whose descriptor must be lent, not copied as a number
+_EXTRA_REDUCERS: dict = {_mp_connection.Connection: _reduce_stdlib_connection}
 
 
 class _Pickler(cloudpickle.Pickler):
