@@ -46,6 +46,9 @@ class Queue:
     """A FIFO queue usable from every process of a run (``multiprocessing.Queue`` API)."""
 
     _joinable = False
+    #: the stdlib's Queue pickles in its feeder thread (an unpicklable item is reported
+    #: and dropped); its SimpleQueue pickles in ``put``, which raises
+    _raise_pickling_errors = False
 
     def __init__(self, maxsize: int = 0, *, ctx: Any = None) -> None:
         if not isinstance(maxsize, int):
@@ -120,6 +123,8 @@ class Queue:
         try:
             frames = reduction.dumps(obj)
         except Exception as exc:
+            if self._raise_pickling_errors:
+                raise
             self._on_queue_feeder_error(exc, obj)
             return
         broker = self._broker()
@@ -301,6 +306,8 @@ class JoinableQueue(Queue):
 
 class SimpleQueue(Queue):
     """An unbounded queue with just ``put``, ``get``, ``empty`` and ``close``."""
+
+    _raise_pickling_errors = True
 
     def __init__(self, *, ctx: Any = None) -> None:
         super().__init__(0)

@@ -176,3 +176,17 @@ def test_remote_join_waits_for_its_own_earlier_puts():
         q.task_done()
     proc.join(30)
     assert proc.exitcode == 0 and got == list(range(50))
+
+
+def test_simple_queue_put_raises_for_an_unpicklable_item():
+    """As the stdlib's SimpleQueue (ProcessPoolExecutor relies on it to report a result
+    that cannot be pickled); Queue reports and drops it from its feeder, as the stdlib."""
+    import threading
+    q = fiberrl.SimpleQueue()
+    with pytest.raises(TypeError):
+        q.put(threading.Lock())
+    assert q.empty()
+    q2 = fiberrl.Queue()
+    q2.put(threading.Lock())   # logged and dropped
+    q2.put("next")
+    assert q2.get(timeout=10) == "next"
