@@ -132,3 +132,15 @@ def test_empty_or_bad_key_is_refused():
         Listener(("127.0.0.1", 0), authkey=b"")
     with pytest.raises(TypeError):
         Client(("127.0.0.1", 1), authkey="text")
+
+
+def test_client_returns_before_accept_in_the_same_thread():
+    """The stdlib allows this without a key; fiberrl always authenticates, in the
+    listener's own thread, so it still works."""
+    with Listener("\0fiberrl-test-%d" % os.getpid()) as listener:
+        with Client(listener.address) as client:
+            with listener.accept() as served:
+                client.send(1729)
+                assert served.recv() == 1729
+    with pytest.raises(OSError):
+        listener.accept()
