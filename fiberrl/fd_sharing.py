@@ -29,6 +29,7 @@ import os
 import secrets
 import socket
 import threading
+from multiprocessing.connection import Connection as _StdlibConnection
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from ._runtime.liveness import job_watch
@@ -148,10 +149,10 @@ def reduce_connection(conn: Any) -> Tuple[Callable, tuple]:
     token = _check_same_host(f"a stdlib {type(conn).__name__}")
     own = lender()
     ticket = own.lend(conn.fileno(), token)
-    return _rebuild_connection, (own.runtime.address, ticket, type(conn), conn.readable,
-                                 conn.writable)
+    return _rebuild_connection, (own.runtime.address, ticket, conn.readable, conn.writable)
 
 
-def _rebuild_connection(address: Address, ticket: str, kind: type, readable: bool,
-                        writable: bool) -> Any:
-    return kind(borrow(address, ticket), readable, writable)
+def _rebuild_connection(address: Address, ticket: str, readable: bool, writable: bool) -> Any:
+    # the stdlib's class, bound here: a process that maps ``multiprocessing`` to fiberrl
+    # would resolve the class's name to fiberrl's pipe Connection
+    return _StdlibConnection(borrow(address, ticket), readable, writable)
