@@ -3,9 +3,10 @@ travels to a fiberrl job.
 
 fiberrl pickles a process with cloudpickle, which does not consult the stdlib's
 ``ForkingPickler`` reducers, so a stdlib ``Connection`` would arrive as a bare
-descriptor number that means nothing in the job. Instead :func:`reduce_connection`
-lends a duplicate of its descriptor under a one-time ticket, and the job borrows it
-when it unpickles the connection.
+descriptor number that means nothing in the job. Instead its reducer (in
+:mod:`fiberrl.reduction`, for stdlib connections and sockets) :func:`lend` s a
+duplicate of its descriptor under a one-time ticket, and the job :func:`borrow` s it
+when it unpickles the object.
 
 Data flow::
 
@@ -29,8 +30,7 @@ import os
 import secrets
 import socket
 import threading
-from multiprocessing.connection import Connection as _StdlibConnection
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from ._runtime.liveness import job_watch
 from ._runtime.runtime import Runtime, service
@@ -39,7 +39,7 @@ from ._wire.stream import open_stream
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["reduce_connection", "borrow", "FdLender"]
+__all__ = ["lend", "borrow", "FdLender"]
 
 _TIMEOUT = 10.0
 
@@ -141,18 +141,10 @@ def _check_same_host(what: str) -> Optional[str]:
     return token
 
 
-def reduce_connection(conn: Any) -> Tuple[Callable, tuple]:
-    """Pickle a stdlib ``multiprocessing.connection.Connection`` by lending its
-    descriptor (a reducer for :mod:`fiberrl.reduction`)."""
-    if conn.closed:
-        raise OSError(f"cannot send a closed {type(conn).__name__}")
-    token = _check_same_host(f"a stdlib {type(conn).__name__}")
+def lend(fd: int, what: str) -> Tuple[Address, str]:
+    """Lend ``fd`` (the descriptor of ``what``, being pickled) to whoever unpickles it:
+    ``(this process's address, ticket)`` for :func:`borrow`. ``TypeError`` when it is
+    being pickled for a job of a backend that does not share this host."""
+    token = _check_same_host(what)
     own = lender()
-    ticket = own.lend(conn.fileno(), token)
-    return _rebuild_connection, (own.runtime.address, ticket, conn.readable, conn.writable)
-
-
-def _rebuild_connection(address: Address, ticket: str, readable: bool, writable: bool) -> Any:
-    # the stdlib's class, bound here: a process that maps ``multiprocessing`` to fiberrl
-    # would resolve the class's name to fiberrl's pipe Connection
-    return _StdlibConnection(borrow(address, ticket), readable, writable)
+    return own.runtime.address, own.lend(fd, token)

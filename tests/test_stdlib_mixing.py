@@ -121,3 +121,29 @@ def test_closed_stdlib_connection_cannot_be_sent():
     proc = fiberrl.Process(target=_reply_on, args=(b,))
     with pytest.raises((OSError, pickle.PicklingError), match="closed"):
         proc.start()
+
+
+def _reply_on_socket(sock):
+    data = sock.recv(16)
+    sock.sendall(b"job got " + data)
+    sock.close()
+
+
+def test_socket_sent_to_a_job():
+    import socket
+    ours, theirs = socket.socketpair()
+    proc = fiberrl.Process(target=_reply_on_socket, args=(theirs,))
+    if not default_backend().shares_host:
+        with pytest.raises(TypeError, match="file descriptor of this host"):
+            proc.start()
+        return
+    proc.start()
+    try:
+        ours.settimeout(60)
+        ours.sendall(b"ping")
+        assert ours.recv(64) == b"job got ping"
+    finally:
+        proc.join(60)
+        ours.close()
+        theirs.close()
+    assert proc.exitcode == 0
