@@ -51,8 +51,13 @@ from ._runtime.rpc import client_for
 from ._wire.sockets import local_hostname
 from ._services.pipe_inbox import Inbox, LocalOutbox, Outbox, pipe_ends
 from ._services.pipe_registry import pipe_registry
+from .connection_wait import wait
+from .listener import CHALLENGE, Client, Listener, answer_challenge, deliver_challenge, families
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["Client", "Listener", "Pipe", "wait", "Connection", "answer_challenge",
+           "deliver_challenge"]
 
 _OBJECT, _BYTES, _CLOSE = b"o", b"b", b"c"
 _LOOKUP_INTERVAL = 0.2
@@ -242,6 +247,22 @@ class Connection:
         if self._pending:
             self._inbox.wake()  # messages already read off the streams count too
         return self._inbox.fileno()
+
+    # -- connection.wait (fiberrl.connection_wait) -------------------------------------
+    def _ready_for_wait(self) -> bool:
+        """Whether a message or end of file is pending (never blocks)."""
+        self._check_open()
+        return self._readable and self._wait(0)
+
+    def _wait_fd(self) -> int:
+        """The descriptor that wakes a wait when something arrives for this end."""
+        self._check_open()
+        self._activate()
+        return self._inbox.fileno()
+
+    def _wait_slice(self) -> float:
+        """How long a wait may sleep before this end must ask the rendezvous again."""
+        return _LOOKUP_INTERVAL if self._peer_loc is None or self._suspect else 1.0
 
     # -- sending ---------------------------------------------------------------------
     def _send_frames(self, kind: bytes, frames: List[Any]) -> None:

@@ -26,7 +26,6 @@ import threading
 import weakref
 from multiprocessing import context as _mp_context
 from multiprocessing import util as _mp_util
-from multiprocessing.connection import wait as _wait_fds
 from typing import Iterator, Optional
 
 from . import reduction
@@ -35,6 +34,7 @@ from ._runtime.jobenv import (JOB_ENV, PARENT_ENV, SENTINEL_ENV, TOKEN_ENV, addr
 from ._runtime.liveness import job_watch
 from ._services.spawn import spawn_service
 from ._wire.auth import secret_env
+from ._wire.sockets import wait_for
 from .backends import JobSpec, JobState, default_backend
 from .backends.base import RUN_ENV, run_id
 from .config import INHERITED_ENV, get_config
@@ -68,6 +68,16 @@ def _find_unpicklable(process_obj) -> Optional[str]:
         except Exception as exc:
             return f"{label} {value!r:.120} cannot be pickled ({type(exc).__name__}: {exc})"
     return None
+
+
+def _main_path() -> Optional[str]:
+    """The file of this process's ``__main__`` (a script), for jobs that meet objects
+    pickled by reference to it (see ``fiberrl.spawn.__getattr__``)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None or getattr(main, "__spec__", None) is not None:
+        return None   # interactive, -c, or run with -m (importable by its own name)
+    return os.path.abspath(path)
 
 
 def _inherited_config(cfg, backend) -> str:
@@ -110,7 +120,8 @@ class Popen:
         with shipping_to(token):
             frames = _pickle_process(process_obj)
         prep = {"sys_path": list(sys.path), "cwd": os.getcwd(),
-                "log_level": cfg.log_level, "name": process_obj.name}
+                "log_level": cfg.log_level, "name": process_obj.name,
+                "main_path": _main_path()}
         read_fd, write_fd = os.pipe()
         env = {PARENT_ENV: address_env(service.runtime.address), TOKEN_ENV: token,
                JOB_ENV: process_obj.name, RUN_ENV: run_id(),
@@ -212,7 +223,7 @@ class Popen:
     def wait(self, timeout: Optional[float] = None) -> Optional[int]:
         """Wait for the job to end; return its exit code, or None on timeout."""
         if self.returncode is None:
-            if not _wait_fds([self.sentinel], timeout):
+            if not wait_for(self.sentinel, timeout=timeout):
                 return None
             status = self.backend.wait(self.job, timeout=max(timeout or 0.0, 5.0))
             if status is not None:

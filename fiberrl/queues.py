@@ -35,6 +35,7 @@ from . import reduction
 from ._runtime.rpc import RpcClient, client_for
 from ._services.queue_broker import Broker, Waiter, owning_broker, queue_service
 from ._services.queue_feeder import Feeder, feeders
+from ._wire.sockets import wait_for
 
 __all__ = ["Queue", "JoinableQueue", "SimpleQueue"]
 
@@ -45,6 +46,9 @@ class Queue:
     """A FIFO queue usable from every process of a run (``multiprocessing.Queue`` API)."""
 
     _joinable = False
+    #: the stdlib's Queue pickles in its feeder thread (an unpicklable item is reported
+    #: and dropped); its SimpleQueue pickles in ``put``, which raises
+    _raise_pickling_errors = False
 
     def __init__(self, maxsize: int = 0, *, ctx: Any = None) -> None:
         if not isinstance(maxsize, int):
@@ -119,6 +123,8 @@ class Queue:
         try:
             frames = reduction.dumps(obj)
         except Exception as exc:
+            if self._raise_pickling_errors:
+                raise
             self._on_queue_feeder_error(exc, obj)
             return
         broker = self._broker()
@@ -229,6 +235,47 @@ class Queue:
             self._feeder_obj.cancelled = True
 
 
+    @property
+    def _reader(self) -> "QueueReader":
+        """The stdlib queues' read end, which ``concurrent.futures`` waits on with
+        ``connection.wait`` and reads with ``recv()``: here, in the creating process."""
+        return QueueReader(self)
+
+
+class QueueReader:
+    """A queue's readable side as a connection: ``fileno()`` is readable exactly while
+    the queue holds items (in the process that created it; elsewhere ``OSError``)."""
+
+    def __init__(self, queue: Queue) -> None:
+        self._queue = queue
+
+    def fileno(self) -> int:
+        """A descriptor readable while an item is waiting."""
+        broker = self._queue._broker()
+        if broker is None:
+            raise OSError(f"{self._queue!r} can be waited on only in the process that "
+                          "created it")
+        return broker.ready_flag().fileno()
+
+    def poll(self, timeout: Optional[float] = 0.0) -> bool:
+        """Whether an item is waiting, within ``timeout`` seconds (None: no limit)."""
+        return wait_for(self.fileno(), timeout=timeout)
+
+    def recv(self) -> Any:
+        """Remove and return the next item, waiting for one."""
+        return self._queue.get()
+
+    def close(self) -> None:
+        """Close the queue."""
+        self._queue.close()
+
+    def __eq__(self, other: object) -> bool:   # a fresh reader each time: same queue, equal
+        return isinstance(other, QueueReader) and other._queue is self._queue
+
+    def __hash__(self) -> int:
+        return hash(id(self._queue))
+
+
 class JoinableQueue(Queue):
     """A :class:`Queue` with ``task_done()`` and ``join()``."""
 
@@ -259,6 +306,8 @@ class JoinableQueue(Queue):
 
 class SimpleQueue(Queue):
     """An unbounded queue with just ``put``, ``get``, ``empty`` and ``close``."""
+
+    _raise_pickling_errors = True
 
     def __init__(self, *, ctx: Any = None) -> None:
         super().__init__(0)

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import io
 import pickle
+import socket
 import types
 from collections import ChainMap
 from typing import Any, List, Sequence, Union
 
 import cloudpickle
+from multiprocessing import connection as _mp_connection
 
 __all__ = ["dumps", "dumps_data", "loads", "Frames", "OUT_OF_BAND_MIN_BYTES",
            "describe_unpicklable", "ForkingPickler", "register", "dump", "DupFd", "sendfds",
@@ -82,8 +84,40 @@ def _code_reduce_keeping_filename(code: types.CodeType) -> Any:
                           for arg in args)
 
 
-#: reducers added with :func:`register` (the stdlib's ``ForkingPickler.register``)
-_EXTRA_REDUCERS: dict = {}
+def _reduce_stdlib_connection(conn: Any) -> Any:
+    """A stdlib ``Connection`` travels by lending its descriptor (same host only)."""
+    from ._services.fd_sharing import lend
+    if conn.closed:
+        raise OSError(f"cannot send a closed {type(conn).__name__}")
+    return _rebuild_stdlib_connection, (*lend(conn.fileno(), "a stdlib Connection"),
+                                        conn.readable, conn.writable)
+
+
+def _rebuild_stdlib_connection(address: Any, ticket: str, readable: bool, writable: bool) -> Any:
+    from ._services.fd_sharing import borrow
+    # the class bound at import: where ``multiprocessing`` is later mapped to fiberrl,
+    # the name ``multiprocessing.connection.Connection`` leads to fiberrl's pipe end
+    return _mp_connection.Connection(borrow(address, ticket), readable, writable)
+
+
+def _reduce_socket(sock: Any) -> Any:
+    """A socket travels by lending its descriptor (same host only), as with the stdlib."""
+    from ._services.fd_sharing import lend
+    if sock.fileno() < 0:
+        raise OSError("cannot send a closed socket")
+    return _rebuild_socket, (*lend(sock.fileno(), "a socket"), sock.family, sock.type,
+                             sock.proto)
+
+
+def _rebuild_socket(address: Any, ticket: str, family: int, kind: int, proto: int) -> Any:
+    from ._services.fd_sharing import borrow
+    return socket.socket(family, kind, proto, fileno=borrow(address, ticket))
+
+
+#: reducers added with :func:`register` (the stdlib's ``ForkingPickler.register``), and
+#: the stdlib's connections and sockets, whose descriptor must be lent, not copied
+_EXTRA_REDUCERS: dict = {_mp_connection.Connection: _reduce_stdlib_connection,
+                         socket.socket: _reduce_socket}
 
 
 class _Pickler(cloudpickle.Pickler):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import types
+from typing import Optional
 from multiprocessing import process as _mp_process
 
 from . import log, reduction
@@ -41,6 +43,36 @@ def _finish_shared_objects() -> None:
         connection.close_all()
 
 
+class _ParentMain(types.ModuleType):
+    """The job's ``__main__``: the parent's main script, run as ``__mp_main__`` only
+    when a name is first missed.
+
+    Objects pickled by reference to the parent's ``__main__`` (by the stdlib's own
+    pickler: a ``multiprocessing.queues.Queue``'s items, a stdlib ``Connection``'s
+    messages) name it, and the stdlib's spawn runs the script at every start for them.
+    fiberrl's own messages carry such objects by value, so a job that never meets one
+    never runs the script (a script without a ``__name__`` guard still runs once)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__("__mp_main__")
+        self.__dict__["_fiberrl_main_path"] = path
+
+    def __getattr__(self, name: str):
+        path = self.__dict__.pop("_fiberrl_main_path", None)
+        if path is None or name.startswith("__"):
+            raise AttributeError(f"module '__main__' has no attribute {name!r}")
+        import runpy
+        logger.debug("running the parent's main script %s as __mp_main__", path)
+        self.__dict__.update(runpy.run_path(path, run_name="__mp_main__"))
+        return getattr(self, name)
+
+
+def _adopt_parent_main(path: Optional[str]) -> None:
+    """Make the parent's main script this job's ``__main__`` (see :class:`_ParentMain`)."""
+    if path is not None:
+        sys.modules["__main__"] = sys.modules["__mp_main__"] = _ParentMain(path)
+
+
 def main() -> int:
     """Run the job described by the environment; return its exit code."""
     address, token = parent_address(), os.environ[TOKEN_ENV]
@@ -63,6 +95,7 @@ def main() -> int:
         os.chdir(prep["cwd"])
     except OSError:
         logger.debug("working directory %s does not exist here", prep["cwd"])
+    _adopt_parent_main(prep.get("main_path"))
     process_obj = reduction.loads(body)
     if "authkey" not in process_obj._config:  # it travelled in the environment instead
         process_obj._config["authkey"] = _mp_process.AuthenticationString(secret)

@@ -11,4 +11,12 @@ if ! .venv/bin/python -c "import test._test_multiprocessing" 2>/dev/null; then
     apt-get update -qq && apt-get install -y -qq "libpython${ver}-testsuite" >/dev/null || \
         echo "warning: CPython's test package is missing; conformance tests will be skipped" >&2
 fi
+# CPython's test_concurrent_futures (tests/test_concurrent_futures_suite.py): this
+# interpreter's test package may lack it; Debian's libpython3.X-testsuite has it.
+ver=$(.venv/bin/python -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+if [ ! -f "/usr/lib/python${ver}/test/test_concurrent_futures.py" ] && \
+   ! .venv/bin/python -c "import test.test_concurrent_futures" 2>/dev/null; then
+    apt-get update -qq && apt-get install -y -qq "libpython${ver}-testsuite" >/dev/null || \
+        echo "warning: test_concurrent_futures is missing; its runner will be skipped" >&2
+fi
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

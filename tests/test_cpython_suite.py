@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.conformance, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.conformance, pytest.mark.timeout(1800)]
 
 HERE = os.path.dirname(__file__)
 
@@ -28,7 +28,15 @@ CLASSES = ("WithProcessesTestProcess", "WithProcessesTestSubclassingProcess",
            "WithProcessesTestCondition", "WithProcessesTestEvent", "WithProcessesTestBarrier",
            "WithProcessesTestValue", "WithProcessesTestArray", "WithProcessesTestPool",
            "WithProcessesTestPoolWorkerErrors", "TestInitializers", "WithProcessesTestHeap",
-           "WithProcessesTestSharedMemory")
+           "WithProcessesTestSharedMemory",
+           # connections: fiberrl's Pipe, wait(), Listener/Client
+           "WithProcessesTestConnection", "WithProcessesTestListener",
+           "WithProcessesTestListenerClient", "WithProcessesTestPoll",
+           "WithProcessesTestPicklingConnections", "TestWait", "OtherTest", "TestInvalidHandle",
+           # the thread flavour (fiberrl.dummy); its Process, Queue, Lock, Semaphore,
+           # Condition, Event and Barrier classes together hung once, not bisected yet
+           "WithThreadsTestConnection", "WithThreadsTestPoll",
+           "WithThreadsTestListenerClient", "WithThreadsTestPool")
 
 #: test id -> why it fails on fiberrl (flip to passing when the reason goes away)
 EXPECTED_FAILURES = {
@@ -42,6 +50,13 @@ EXPECTED_FAILURES = {
     "WithProcessesTestSharedMemory.test_shared_memory_SharedMemoryManager_basics":
         "NOT UNDERSTOOD YET: SharedMemoryManager has no _tracker in one path of the test "
         "(a manager used before start()?)",
+    "WithProcessesTestConnection.test_fd_transfer": "reduction.send_handle/recv_handle "
+        "over a fiberrl Pipe: they need a Unix socket, and fiberrl's pipe ends are not "
+        "descriptors (fiberrl._services.fd_sharing lends descriptors of stdlib connections instead)",
+    "WithProcessesTestConnection.test_large_fd_transfer": "as test_fd_transfer",
+    "WithProcessesTestConnection.test_missing_fd_transfer": "as test_fd_transfer",
+    "TestInvalidHandle.test_invalid_handles": "builds Connection(raw_handle): fiberrl's "
+        "Connection is a pipe end known to a rendezvous, not a descriptor wrapper",
 }
 
 
@@ -50,7 +65,7 @@ def test_cpython_suite_mapped_to_fiberrl(tmp_path):
     env = dict(os.environ, FIBERRL_CPYTHON_SUITE="1", FIBERRL_SUITE_TRIPWIRE=str(tripwire),
                PYTHONPATH=os.path.join(HERE, "cpython_suite"))
     run = subprocess.run([sys.executable, "-m", "unittest", *(f"mp_suite.{c}" for c in CLASSES)],
-                         env=env, capture_output=True, text=True, timeout=850)
+                         env=env, capture_output=True, text=True, timeout=1700)
     failed = set(re.findall(r"^(?:ERROR|FAIL): (\w+) \(mp_suite\.(\w+)\.", run.stderr, re.M))
     failed = {f"{cls}.{test}" for test, cls in failed}
     ran = re.search(r"^Ran (\d+) tests", run.stderr, re.M)

@@ -201,3 +201,17 @@ def test_a_queue_whose_owner_died_raises_owner_gone_not_a_hang():
     assert isinstance(caught.value, fiberrl.ProcessError)
     assert isinstance(caught.value, ConnectionError)
     assert time.monotonic() - started < 5
+
+
+def test_simple_queue_put_raises_for_an_unpicklable_item():
+    """As the stdlib's SimpleQueue (ProcessPoolExecutor relies on it to report a result
+    that cannot be pickled); Queue reports and drops it from its feeder, as the stdlib."""
+    import threading
+    q = fiberrl.SimpleQueue()
+    with pytest.raises(TypeError):
+        q.put(threading.Lock())
+    assert q.empty()
+    q2 = fiberrl.Queue()
+    q2.put(threading.Lock())   # logged and dropped
+    q2.put("next")
+    assert q2.get(timeout=10) == "next"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import os
 import queue as _queue
 import threading
 import time
@@ -42,6 +43,36 @@ class Waiter:
         self.timer = None
 
 
+class ReadyFlag:
+    """A descriptor that is readable exactly while its queue holds items (what
+    ``connection.wait`` polls for a queue's reader)."""
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        self._set = False
+
+    def fileno(self) -> int:
+        """The read end of the flag's pipe."""
+        return self._r
+
+    def update(self, ready: bool) -> None:
+        """Raise or lower the flag (under the broker's lock)."""
+        if ready and not self._set:
+            os.write(self._w, b"\0")
+        elif not ready and self._set:
+            os.read(self._r, 16)
+        self._set = ready
+
+    def __del__(self) -> None:
+        for fd in (getattr(self, "_r", None), getattr(self, "_w", None)):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
 class Broker:
     """State of one queue; every method runs under ``self.lock``."""
 
@@ -60,6 +91,15 @@ class Broker:
         self.unfinished = 0
         self.inflight: Dict[int, tuple] = {}
         self.inflight_ids = itertools.count(1)
+        self.ready: Optional[ReadyFlag] = None   # made when a reader is waited on
+
+    def ready_flag(self) -> ReadyFlag:
+        """The queue's :class:`ReadyFlag` (made on first use)."""
+        with self.lock:
+            if self.ready is None:
+                self.ready = ReadyFlag()
+                self.ready.update(bool(self.items))
+            return self.ready
 
     # -- called with the lock held -------------------------------------------------
     def full(self) -> bool:
@@ -90,6 +130,8 @@ class Broker:
             self.items.appendleft(frames)
         else:
             self.items.append(frames)
+        if self.ready is not None:
+            self.ready.update(True)
 
     def add_many(self, items: List[List[Any]]) -> None:
         """``add`` each of ``items`` in order (one producer's batch)."""
@@ -100,6 +142,8 @@ class Broker:
         if self.joinable:
             self.unfinished += len(items)
         self.items.extend(items)
+        if self.ready is not None:
+            self.ready.update(bool(self.items))
 
     def _deliver(self, waiter: Waiter, frames: List[Any]) -> bool:
         if waiter.request is None:
@@ -127,6 +171,8 @@ class Broker:
         if not self.items:
             return None
         frames = self.items.popleft()
+        if self.ready is not None:
+            self.ready.update(bool(self.items))
         if self.local_putters:
             self.not_full.notify()
         while self.putters and not self.full():

@@ -6,8 +6,10 @@ Data flow::
     Feeder thread --one "put_many" call per batch (pickle streams joined in the signed
     frame, out-of-band buffers as frames of their own)--> the owner's broker
 
-A job waits for its feeders before it exits (:func:`flush_all`) unless the queue's
-``cancel_join_thread()`` was called.
+A process waits for its feeders before it exits (:func:`flush_all`) unless the queue's
+``cancel_join_thread()`` was called: a fiberrl job calls it at its end, and every
+process (a stdlib child handed a fiberrl queue too) runs it among the stdlib's exit
+finalizers, which ``BaseProcess._bootstrap`` and the root's ``atexit`` run.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import logging
 import os
 import threading
 import weakref
+from multiprocessing import util as _mp_util
 from typing import Any, Deque, List, Optional
 
 from .._runtime.rpc import RpcClient
@@ -72,6 +75,7 @@ class Feeder:
         self._error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._run, name="fiberrl-queue-feeder", daemon=True)
         self._thread.start()
+        _flush_at_exit()
 
     def put(self, frames: List[Any]) -> None:
         """Queue one item's frames for sending (buffers are copied now)."""
@@ -130,6 +134,16 @@ class Feeder:
 
 
 feeders: "weakref.WeakSet[Feeder]" = weakref.WeakSet()
+
+
+_exit_flush = {"pid": None}
+
+
+def _flush_at_exit() -> None:
+    """Make this process flush its feeders among the stdlib's exit finalizers (once)."""
+    if _exit_flush["pid"] != os.getpid():
+        _exit_flush["pid"] = os.getpid()
+        _mp_util.Finalize(None, flush_all, exitpriority=10)
 
 
 def flush_all(timeout: float = 30.0) -> None:

@@ -69,26 +69,6 @@ def _set_tripwires():
         _tripwire(cls, "stdlib-" + cls.__name__)
 
 
-def _pending_on_new_wire(name):
-    def pending(*args, **kwargs):
-        raise NotImplementedError(f"fiberrl.connection.{name} comes with the new wire "
-                                  "(issue 21, the lead's part)")
-    pending.__name__ = name
-    return pending
-
-
-def _stdlib_wait_until_new_wire(stdlib_wait):
-    """Until fiberrl has ``connection.wait``: the stdlib's for what it can wait on (file
-    descriptors, sentinels, sockets: fiberrl's own popen waits so), an error naming
-    the missing piece for fiberrl's connections."""
-    def wait(object_list, timeout=None):
-        if any(type(obj).__module__.startswith("fiberrl.") for obj in object_list):
-            raise NotImplementedError("fiberrl.connection.wait on fiberrl connections comes "
-                                      "with the new wire (issue 21, the lead's part)")
-        return stdlib_wait(object_list, timeout)
-    return wait
-
-
 def install():
     """Alias the stdlib's names to fiberrl's modules in this process (idempotent)."""
     if getattr(sys.modules.get("multiprocessing"), "__name__", "") == "fiberrl":
@@ -97,13 +77,6 @@ def install():
     import fiberrl
     for name in STDLIB_ONLY:  # reachable as multiprocessing.<name> after the switch
         setattr(fiberrl, name, importlib.import_module("multiprocessing." + name))
-    import fiberrl.connection
-    import multiprocessing.connection as stdlib_connection
-    if not hasattr(fiberrl.connection, "wait"):  # the suite imports it at module level
-        fiberrl.connection.wait = _stdlib_wait_until_new_wire(stdlib_connection.wait)
-    for name in ("Listener", "Client"):
-        if not hasattr(fiberrl.connection, name):
-            setattr(fiberrl.connection, name, _pending_on_new_wire(name))
     modules = {"multiprocessing": fiberrl}
     for sub in SUBMODULES:
         modules["multiprocessing." + sub] = importlib.import_module("fiberrl." + sub)

@@ -1,0 +1,79 @@
+"""``concurrent.futures.ProcessPoolExecutor(mp_context=fiberrl.get_context())``: its
+workers are fiberrl jobs; results, exceptions, shutdown, and a killed worker."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+import pytest
+
+import fiberrl
+
+
+def _square(x):
+    return x * x
+
+
+def _fail(message):
+    raise ValueError(message)
+
+
+def _die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _pid():
+    return os.getpid()
+
+
+def test_map_submit_and_shutdown():
+    with ProcessPoolExecutor(2, mp_context=fiberrl.get_context()) as executor:
+        assert list(executor.map(_square, range(20), chunksize=3)) == [x * x for x in range(20)]
+        assert executor.submit(_square, 7).result(timeout=60) == 49
+        pids = {executor.submit(_pid).result(timeout=60) for _ in range(6)}
+        assert os.getpid() not in pids
+    with pytest.raises(RuntimeError):
+        executor.submit(_square, 1)
+
+
+def test_exception_travels_back():
+    with ProcessPoolExecutor(1, mp_context=fiberrl.get_context()) as executor:
+        future = executor.submit(_fail, "bad input")
+        with pytest.raises(ValueError, match="bad input"):
+            future.result(timeout=60)
+
+
+def test_killed_worker_breaks_the_pool():
+    executor = ProcessPoolExecutor(2, mp_context=fiberrl.get_context())
+    try:
+        assert executor.submit(_square, 3).result(timeout=60) == 9
+        with pytest.raises(BrokenProcessPool):
+            executor.submit(_die).result(timeout=60)
+        with pytest.raises(BrokenProcessPool):
+            executor.submit(_square, 2)
+    finally:
+        executor.shutdown(wait=True)
+
+
+def test_functions_of_the_main_script(tmp_path):
+    """The stdlib's queue pickles a task's function by reference: a function of the
+    parent's ``__main__`` script must still be found in the job."""
+    script = tmp_path / "main_script.py"
+    script.write_text(textwrap.dedent("""
+        import fiberrl
+        from concurrent.futures import ProcessPoolExecutor
+
+        def triple(x):
+            return 3 * x
+
+        if __name__ == "__main__":
+            with ProcessPoolExecutor(2, mp_context=fiberrl.get_context()) as executor:
+                print(list(executor.map(triple, range(5))))
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[0, 3, 6, 9, 12]"

@@ -1,0 +1,149 @@
+"""fiberrl objects in the stdlib's own processes, and the stdlib's connections in
+fiberrl jobs: each works, or fails at once saying why (never a silent hang)."""
+import multiprocessing
+import multiprocessing.connection
+import pickle
+
+import pytest
+
+import fiberrl
+from fiberrl import AuthenticationError
+from fiberrl.backends import default_backend
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+# -- fiberrl objects in a stdlib spawn process -------------------------------------------
+def _echo_once(conn):
+    conn.send(("child got", conn.recv()))
+
+
+def _put_and_exit(queue, item):
+    queue.put(item)   # the process exits at once: the put must still arrive
+
+
+def _unpickle_and_report(payload, report):
+    try:
+        pickle.loads(payload).send("unexpected")
+        report.send("no error")
+    except Exception as exc:
+        report.send((type(exc).__name__, str(exc)))
+
+
+def test_fiberrl_pipe_end_in_a_stdlib_spawn_process():
+    a, b = fiberrl.Pipe()
+    child = SPAWN.Process(target=_echo_once, args=(b,))
+    child.start()
+    try:
+        a.send("hi")
+        assert a.poll(60)
+        assert a.recv() == ("child got", "hi")
+    finally:
+        child.join(60)
+    assert child.exitcode == 0
+
+
+@pytest.mark.parametrize("factory", ["SimpleQueue", "Queue"])
+def test_fiberrl_queue_put_by_a_stdlib_process_that_exits_at_once(factory):
+    queue = getattr(fiberrl, factory)()
+    child = SPAWN.Process(target=_put_and_exit, args=(queue, {"from": "stdlib child"}))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    reader = queue._reader
+    assert fiberrl.connection.wait([reader], timeout=30) == [reader]
+    assert queue.get() == {"from": "stdlib child"}
+
+
+def test_stdlib_process_with_another_key_fails_at_once():
+    """The run's secret travels as the stdlib's authkey; a child given another key
+    cannot use fiberrl's objects, and is told so at once."""
+    a, b = fiberrl.Pipe()
+    payload = pickle.dumps(b)
+    report_r, report_w = SPAWN.Pipe(duplex=False)
+    child = SPAWN.Process(target=_unpickle_and_report, args=(payload, report_w))
+    child.authkey = b"not the run's secret"
+    child.start()
+    try:
+        assert report_r.poll(60), "the child neither worked nor failed"
+        name, message = report_r.recv()
+        assert name == AuthenticationError.__name__ and "refused the key" in message
+    finally:
+        child.join(60)
+
+
+# -- stdlib connections in fiberrl jobs ----------------------------------------------------
+def _reply_on(conn):
+    conn.send(("job got", conn.recv()))
+
+
+@pytest.mark.any_backend
+def test_stdlib_connection_sent_to_a_job():
+    a, b = multiprocessing.Pipe()
+    proc = fiberrl.Process(target=_reply_on, args=(b,))
+    if not default_backend().shares_host:
+        with pytest.raises(TypeError, match="file descriptor of this host"):
+            proc.start()
+        return
+    proc.start()
+    try:
+        a.send("hello")
+        assert a.poll(60)
+        assert a.recv() == ("job got", "hello")
+    finally:
+        proc.join(60)
+    assert proc.exitcode == 0
+
+
+def test_stdlib_connection_sent_through_a_fiberrl_queue():
+    """Not with a process's arguments: lent until a process on this host takes it."""
+    a, b = multiprocessing.Pipe()
+    queue = fiberrl.SimpleQueue()
+    proc = fiberrl.Process(target=_reply_from_queue, args=(queue,))
+    proc.start()
+    try:
+        queue.put(b)
+        a.send(42)
+        assert a.poll(60)
+        assert a.recv() == ("job got", 42)
+    finally:
+        proc.join(60)
+    assert proc.exitcode == 0
+
+
+def _reply_from_queue(queue):
+    _reply_on(queue.get())
+
+
+def test_closed_stdlib_connection_cannot_be_sent():
+    a, b = multiprocessing.Pipe()
+    b.close()
+    proc = fiberrl.Process(target=_reply_on, args=(b,))
+    with pytest.raises((OSError, pickle.PicklingError), match="closed"):
+        proc.start()
+
+
+def _reply_on_socket(sock):
+    data = sock.recv(16)
+    sock.sendall(b"job got " + data)
+    sock.close()
+
+
+def test_socket_sent_to_a_job():
+    import socket
+    ours, theirs = socket.socketpair()
+    proc = fiberrl.Process(target=_reply_on_socket, args=(theirs,))
+    if not default_backend().shares_host:
+        with pytest.raises(TypeError, match="file descriptor of this host"):
+            proc.start()
+        return
+    proc.start()
+    try:
+        ours.settimeout(60)
+        ours.sendall(b"ping")
+        assert ours.recv(64) == b"job got ping"
+    finally:
+        proc.join(60)
+        ours.close()
+        theirs.close()
+    assert proc.exitcode == 0
