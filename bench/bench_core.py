@@ -162,7 +162,7 @@ def main():
     try:
         std, ours = statistics.median(stds), pipe_pingpong(fiberrl, int(2000 * scale))
     finally:
-        fiberrl.init()
+        fiberrl.config.reset()
     row("Pipe ping-pong p50, fiberrl without spinning", std, ours, "us", ours / std,
         "for reference: spin_wait_us=0")
 

@@ -64,7 +64,7 @@ def main():
         for backend in ("local", "docker"):
             figures[("start", backend)].append(first_message(backend))
             figures[("pool8", backend)].append(pool_first_result(backend))
-    fiberrl.init()
+    fiberrl.config.reset()
     print(f"\nDocker vs local, median of {args.rounds} alternating rounds (seconds)")
     print(f"{'measure':<44}{'local':>9}{'docker':>9}{'docker/local':>14}")
     for key, label in (("start", "Process.start() to its first message"),

@@ -132,7 +132,7 @@ def main():
     figures["array"] = dict(zip(("pool16_first_s", "pool16_all_s"), pool_start()))
     figures["step"] = run_in_allocation(args.quick)
     slurm = pool_figures(args.quick)
-    fiberrl.init()
+    fiberrl.config.reset()
 
     print(f"\nSlurm start-up ({'quick' if args.quick else 'full'} run; seconds, lower is better)")
     print(f"{'measure':<34}{'16 jobs':>10}{'job array':>11}{'job steps':>11}")
