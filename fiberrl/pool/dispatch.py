@@ -366,23 +366,11 @@ class Dispatcher:
                 link.known.add(function.id)
                 funcs.append((function.id, function.frames[0], len(function.frames) - 1))
                 func_buffers.extend(function.frames[1:])
-            layout, refs = [], []  # per buffer: None (next inline frame) or a cache key
-            for frame in task.frames[1:]:
-                if type(frame) is not SharedBuffer:
-                    layout.append(None)
-                    task_buffers.append(frame)
-                elif cache.by_reference(frame):
-                    layout.append(frame.key)
-                    refs.append(frame)
-                else:
-                    layout.append(None)
-                    task_buffers.append(frame.data)
-            if refs:
-                new = cache.plan(task.id, refs)
-                added.extend(new)
-                self.cached_arg_sends += len(new)
-                self.cached_arg_hits += len(refs) - len(new)
-            tasks.append((task.id, function.id, task.mode, task.frames[0], tuple(layout)))
+            layout, new, hits = cache.encode(task.id, task.frames, task_buffers)
+            added.extend(new)
+            self.cached_arg_sends += len(new)
+            self.cached_arg_hits += hits
+            tasks.append((task.id, function.id, task.mode, task.frames[0], layout))
             self.pending.assign(task, link.id)
         if added:
             cache.evict()

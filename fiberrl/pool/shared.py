@@ -148,9 +148,26 @@ class LinkCache:
         self.nbytes = 0
         self.drops: List[int] = []
 
-    def by_reference(self, entry: SharedBuffer) -> bool:
-        """Send ``entry`` as a key (cached) rather than inline?"""
-        return entry.key in self.held or entry.users > 1
+    def encode(self, task_id: int, frames: List[Any], inline: List[Any]) -> tuple:
+        """A task's buffer layout for the wire: ``(layout, new entries, hits)``.
+
+        ``layout`` has, per out-of-band buffer, None (it is appended to ``inline``) or the
+        key of an entry sent by reference: one the worker holds, or one other tasks use
+        too (it joins the worker's cache: ``new``). An entry only this task uses goes inline.
+        """
+        layout, refs = [], []
+        for frame in frames[1:]:
+            if type(frame) is not SharedBuffer:
+                layout.append(None)
+                inline.append(frame)
+            elif frame.key in self.held or frame.users > 1:
+                layout.append(frame.key)
+                refs.append(frame)
+            else:
+                layout.append(None)
+                inline.append(frame.data)
+        new = self.plan(task_id, refs) if refs else []
+        return tuple(layout), new, len(refs) - len(new)
 
     def plan(self, task_id: int, entries: List[SharedBuffer]) -> List[SharedBuffer]:
         """Pin the entries a task sent by reference uses; return those the worker lacks."""
