@@ -31,6 +31,7 @@ from .. import reduction, resources
 from ..config import get_config
 from ..errors import PoolTerminatedError
 from .dispatch import Dispatcher
+from .limits import ensure_fd_room
 from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable
 from .supervisor import Supervisor
 from .tasks import APPLY, MAP, STARMAP, ApplyResult, FunctionTable, IMapIterator, MapResult, chunks
@@ -171,8 +172,10 @@ class Pool:
         options = {"initializer": initializer, "initargs": initargs, "maxtasks": maxtasksperchild,
                    "heartbeat_interval": min(cfg.heartbeat_interval, timeout / 4),
                    "resources": resources.validate(cpu, mem, gpu, **hints)}
+        ensure_fd_room(processes)  # a clear error here, not EMFILE in a thread later
         self._processes = processes
         self._window = 4 * processes + 32
+        ensure_fd_room(processes)  # a clear error here, not EMFILE in a thread later
         if not isinstance(arg_cache_bytes, int) or arg_cache_bytes < 0:
             raise ValueError(f"arg_cache_bytes must be a non-negative int, got {arg_cache_bytes!r}")
         self._core = _PoolCore(processes, options, retries, timeout, idle_timeout)
@@ -292,6 +295,7 @@ class Pool:
         """
         self._check_running()
         _check_count(processes, "processes")
+        ensure_fd_room(max(0, processes - self._processes))  # not EMFILE in a thread later
         self._processes = processes
         self._window = 4 * processes + 32
         core = self._core

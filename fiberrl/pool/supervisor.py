@@ -39,6 +39,10 @@ from .worker import INTERRUPTED_EXIT, run_worker
 logger = logging.getLogger(__name__)
 
 POLL = 0.05
+#: seconds between polls of a connected worker's job: its death closes its connection,
+#: which the I/O thread reports at once; polling all every POLL cost ~20 us per worker
+#: 20 times a second (0.4 ms/s per worker idle, 4 CPU-s/s at 10,000 workers)
+CONNECTED_POLL = 1.0
 STOP_GRACE = 10.0  # seconds a worker asked to stop may take before it is killed
 
 
@@ -71,6 +75,7 @@ class Supervisor:
         self.max_task_retries = max_task_retries
         self.idle_timeout = idle_timeout
         self.records: Dict[int, WorkerRecord] = {}
+        self._poll_cursor = 0  # where the next slice of connected workers to poll starts
         self.worker_deaths = 0
         self.time_limit_replacements = 0
         self.time_limit_margin = time_limit_margin
@@ -217,8 +222,21 @@ class Supervisor:
             logger.error("%s", error)
             self.dispatcher.call_soon(lambda: self.dispatcher.fail_queued(error))
 
+    def _to_poll(self) -> List[WorkerRecord]:
+        """Every worker still starting or stopping, and the next slice of the connected
+        ones, so that each connected worker's job is polled once per CONNECTED_POLL."""
+        urgent, connected = [], []
+        for record in self.records.values():
+            (connected if record.hello and record.stop_asked is None else urgent).append(record)
+        if connected:
+            share = min(len(connected), -(-len(connected) * POLL // CONNECTED_POLL))
+            start = self._poll_cursor % len(connected)
+            urgent.extend((connected[start:] + connected[:start])[:int(share)])
+            self._poll_cursor = start + int(share)
+        return urgent
+
     def _reap(self) -> None:
-        for record in list(self.records.values()):
+        for record in self._to_poll():
             if record.process.exitcode is not None:
                 self._lost(record, "the job ended")
             elif record.stop_asked and time.monotonic() - record.stop_asked > STOP_GRACE:
