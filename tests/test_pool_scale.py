@@ -78,3 +78,18 @@ def test_connected_workers_are_polled_about_once_a_second(make_pool, monkeypatch
     victim = pool.workers()[0]
     victim.kill()
     assert wait_until(lambda: pool.stats().worker_deaths == 1, 5), pool.stats()
+
+
+def test_workers_lost_together_are_declared_together(make_pool, tmp_path):
+    """Eight workers whose connections close while their jobs live on (a lost node):
+    their tasks run again within about LOST_GRACE, not after a wait of a second or more
+    per worker, one after the other (which made a node of 64 workers take minutes)."""
+    from scale_tasks import hang_up_once
+    pool = make_pool(8)
+    assert wait_until(lambda: pool.stats().alive == 8, 120), pool.stats()
+    started = time.monotonic()
+    results = pool.starmap(hang_up_once, [(str(tmp_path), i) for i in range(8)], chunksize=1)
+    elapsed = time.monotonic() - started
+    assert results == list(range(8))
+    assert pool.stats().worker_deaths == 8
+    assert elapsed < 6.0, elapsed  # one after the other: 8 x (1 s wait + kill + restart)

@@ -43,6 +43,10 @@ POLL = 0.05
 #: which the I/O thread reports at once; polling all every POLL cost ~20 us per worker
 #: 20 times a second (0.4 ms/s per worker idle, 4 CPU-s/s at 10,000 workers)
 CONNECTED_POLL = 1.0
+#: seconds a worker whose connection closed may take to end before it is declared lost
+#: without the backend's reason (so that a lost node's workers are declared together,
+#: within about this long, instead of one after the other)
+LOST_GRACE = 2.0
 STOP_GRACE = 10.0  # seconds a worker asked to stop may take before it is killed
 
 
@@ -59,6 +63,8 @@ class WorkerRecord:
         self.expected_exit = False
         self.stop_asked: Optional[float] = None
         self.init_error = ""
+        self.lost_at: Optional[float] = None   # its connection closed; its job still runs
+        self.lost_hint = ""
 
 
 class Supervisor:
@@ -76,6 +82,8 @@ class Supervisor:
         self.idle_timeout = idle_timeout
         self.records: Dict[int, WorkerRecord] = {}
         self._poll_cursor = 0  # where the next slice of connected workers to poll starts
+        self.unreaped: List[Process] = []  # declared lost, killed, not yet ended
+        self.losing: Dict[int, WorkerRecord] = {}  # connection closed, job not yet ended
         self.worker_deaths = 0
         self.time_limit_replacements = 0
         self.time_limit_margin = time_limit_margin
@@ -172,13 +180,20 @@ class Supervisor:
         return f"worker {record.id} (job {process.job_id}) {reason}"
 
     def _lost(self, record: WorkerRecord, hint: str) -> None:
-        """Declare ``record`` gone, with the backend's reason when it has one."""
+        """Declare ``record`` gone, with the backend's reason when it has one.
+
+        A worker whose job has not ended yet (its connection just closed) gets
+        LOST_GRACE seconds to end, checked by :meth:`_reap`; the supervisor never
+        waits on one worker, so a node's many workers are declared together.
+        """
         process = record.process
+        if process.exitcode is None and record.lost_at is None:
+            record.lost_at, record.lost_hint = time.monotonic(), hint
+            self.losing[record.id] = record
+            return
+        self.losing.pop(record.id, None)
         if process.exitcode is None:
-            process.join(1.0)  # its connection just closed: the job is ending
-        if process.exitcode is None:
-            process.kill()
-            process.join(5.0)
+            process.kill()  # its tasks are re-run now; the job is reaped later
         interrupted = process.exitcode in (INTERRUPTED_EXIT, -signal.SIGINT)
         if "heartbeat" in hint:
             how = f"worker {record.id} (job {process.job_id}) sent {hint} and was killed"
@@ -198,6 +213,9 @@ class Supervisor:
             self._start_failed(record, how)
         del self.records[record.id]
         self.dispatcher.call_soon(lambda: self.dispatcher.worker_lost(record.id, how, unexpected))
+        if process.exitcode is None:
+            self.unreaped.append(process)
+            return
         try:
             process.close()
         except ValueError:
@@ -236,7 +254,20 @@ class Supervisor:
         return urgent
 
     def _reap(self) -> None:
+        now = time.monotonic()
+        for record in list(self.losing.values()):
+            if record.process.exitcode is not None or now - record.lost_at > LOST_GRACE:
+                self._lost(record, record.lost_hint)
+        for process in list(self.unreaped):
+            if process.exitcode is not None:
+                self.unreaped.remove(process)
+                try:
+                    process.close()
+                except ValueError:
+                    pass
         for record in self._to_poll():
+            if record.lost_at is not None:
+                continue
             if record.process.exitcode is not None:
                 self._lost(record, "the job ended")
             elif record.stop_asked and time.monotonic() - record.stop_asked > STOP_GRACE:
@@ -345,6 +376,9 @@ class Supervisor:
                 record.expected_exit = True
 
     def _kill_all(self) -> None:
+        for process in self.unreaped:  # killed when declared lost
+            process.join(1.0)
+        self.unreaped.clear()
         for record in list(self.records.values()):
             record.expected_exit = True
             try:
