@@ -131,10 +131,16 @@ def lose_node(pool, n, conf, d=0.5, per_worker=6):
     killed = time.perf_counter()
     subprocess.run(["bash", "-c", f"kill -9 {pid}; ip netns pids {node} | xargs -r kill -9"],
                    check=True)
-    results = result.get(timeout=900)
-    total = time.perf_counter() - started
+    try:
+        results = result.get(timeout=900)
+        done = time.perf_counter()
+    finally:  # the node comes back (slurm-up.sh restarts its slurmd and resumes it)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        restart = subprocess.Popen(["bash", os.path.join(root, "scripts", "slurm-up.sh"), "multi"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    restart.wait(300)
     hosts = {host for host, _ in results}
-    return node, time.perf_counter() - killed, total, pool.stats().worker_deaths, hosts
+    return node, done - killed, done - started, pool.stats().worker_deaths, hosts
 
 
 def fork_reference(n, args):
