@@ -10,7 +10,9 @@ RSS/USS; no-op ``map`` tasks/s (chunksize 1 and default); Fiber's overhead test
 (``sleep(d)`` tasks, chunksize 1, d = 10 ms and 100 ms, elapsed/ideal; with
 ``--fork-reference`` the stdlib fork pool of the same size runs it too, side by side);
 SIGKILL of 10% of the workers at once mid-map (every result back? extra seconds over
-the same map without kills; seconds until the pool is whole again); with ``--backend
+the same map without kills; seconds until the pool is whole again); rl's ES with a
+population of 1,024 (seconds per generation, split into the pool's map and the learner,
+and the task time per worker); with ``--backend
 slurm`` and ``node``, one node of the ``multi`` cluster lost (its slurmd and every
 process in its namespace): seconds until its tasks ran again elsewhere.
 
@@ -143,6 +145,18 @@ def lose_node(pool, n, conf, d=0.5, per_worker=6):
     return node, done - killed, done - started, pool.stats().worker_deaths, hosts
 
 
+def es_generations(pool, n, generations=3):
+    """rl's ES, population 1,024 on CartPole (50-step episodes, 2 per task: 512 tasks):
+    median seconds per generation, in the pool's map, and of worker time per worker."""
+    from rl.algos.es import ES
+    es = ES("CartPole-v1", pool=pool, population=1024, episodes_per_task=2,
+            max_episode_steps=50, noise_table_size=1_000_000, seed=0)
+    es.generation()  # warm-up: noise tables and envs built in every worker
+    stats = [es.generation().stats for _ in range(generations)]
+    med = lambda key: statistics.median(s[key] for s in stats)  # noqa: E731
+    return med("generation_s"), med("pool_eval_s"), med("worker_s") / n
+
+
 def fork_reference(n, args):
     """The stdlib fork pool's sleep overhead at the same size."""
     import multiprocessing
@@ -194,6 +208,11 @@ def run(n, args):
             print(f"  SIGKILL {max(1, n // 10)} workers mid-map (sleep 0.5 s x {4 * n}): all results back; "
                   f"{calm:.2f} s calm, {faulty:.2f} s with kills (+{faulty - calm:.2f} s); "
                   f"pool whole again {whole}")
+        if "es" in only:
+            gen, pool_s, per_worker = es_generations(pool, n)
+            print(f"  ES population 1,024 (512 tasks), CartPole 50 steps: {gen:.2f} s/generation; "
+                  f"{pool_s:.2f} s in the map, {gen - pool_s:.2f} s in the learner, "
+                  f"{per_worker:.3f} s of task time per worker")
         if "node" in only and args.backend == "slurm":
             node, since, total, deaths, hosts = lose_node(pool, n, os.environ["SLURM_CONF"])
             print(f"  node {node} lost mid-map: map done {since:.2f} s after the kill ({total:.2f} s in all), "
@@ -209,8 +228,8 @@ def main():
     parser.add_argument("--workers", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--backend", default="local", choices=["local", "slurm"])
     parser.add_argument("--cpu", type=float, default=None, help="CPUs each worker asks for")
-    parser.add_argument("--only", nargs="+", default=["idle", "noop", "sleep", "kill", "node"],
-                        choices=["idle", "noop", "sleep", "kill", "node"])
+    parser.add_argument("--only", nargs="+", default=["idle", "noop", "sleep", "kill", "node", "es"],
+                        choices=["idle", "noop", "sleep", "kill", "node", "es"])
     parser.add_argument("--fork-reference", action="store_true",
                         help="run the stdlib fork pool's sleep test at the same sizes")
     parser.add_argument("--idle-s", type=float, default=5.0)
