@@ -1,15 +1,18 @@
 """Pool benchmarks: fiberrl.Pool side by side with stdlib multiprocessing.Pool in one run.
 
-    python bench/bench_pool.py [--quick] [--only NAME ...] [--libs fork,spawn,fiberrl] [-v]
+    python bench/bench_pool.py [--quick] [--only NAME ...] [--libs fork,spawn,fiberrl,ray] [-v]
 
 Libraries: ``fork`` and ``spawn`` are ``multiprocessing.get_context(...).Pool``,
-``fiberrl`` is ``fiberrl.Pool``. For each measure the table gives every library's
-figure, the ratios fiberrl/stdlib-fork and fiberrl/stdlib-spawn, the target (stated
+``fiberrl`` is ``fiberrl.Pool``, ``ray`` is ``ray.util.multiprocessing.Pool`` (run by
+default where ray is installed, on the measures listed for it: see ``Measure.libs``).
+For each measure the table gives every library's figure, the ratios
+fiberrl/stdlib-fork, fiberrl/stdlib-spawn and ray/stdlib-fork, the target (stated
 in the direction of the ratio) and whether it is met. A library that fails a measure
 shows ``error`` in its cell and the error under the measure's rows; the run goes on.
 
 Measures: noop_chunk1, noop_default, sleep_overhead, apply_latency, cold_start,
-es_loop, recovery (fiberrl only: a task's re-run after its worker is SIGKILLed, with
+es_loop (2 workers: the same 100k-float32 vector in all 64 tasks of an iteration),
+recovery (fiberrl only: a task's re-run after its worker is SIGKILLed, with
 the pool's other worker idle, then busy), idle_worker_memory (spawn and fiberrl).
 Pools are warmed up with one small map, except for cold_start. BLAS threads are
 pinned to one (before numpy is imported) so that workers do not oversubscribe cores.
@@ -39,10 +42,28 @@ import fiberrl  # noqa: E402
 
 log = logging.getLogger("bench_pool")
 
+class _Ray:
+    """``ray.util.multiprocessing`` with ray started once, quietly, on this machine."""
+
+    def __getattr__(self, name):
+        import ray
+        from ray.util import multiprocessing as ray_mp
+        if not ray.is_initialized():
+            ray.init(num_cpus=os.cpu_count(), include_dashboard=False,
+                     logging_level=logging.ERROR, log_to_driver=False)
+        return getattr(ray_mp, name)
+
+
+def _have_ray():
+    import importlib.util
+    return importlib.util.find_spec("ray") is not None
+
+
 LIBRARIES = {
     "fork": lambda: multiprocessing.get_context("fork"),
     "spawn": lambda: multiprocessing.get_context("spawn"),
     "fiberrl": lambda: fiberrl,
+    "ray": _Ray,
 }
 WAIT_S = 120.0       # longest wait for any one result
 SHUTDOWN_S = 30.0    # longest terminate() + join()
@@ -256,22 +277,28 @@ def es_setup(quick):
     best, median = per_task(reps), per_task(reps, statistics.median)
     note = (f"es task measured serially: min {best * 1e3:.2f} ms, "
             f"median {median * 1e3:.2f} ms (reps={reps})")
-    return {"reps": reps}, note
+    return {"reps": reps, "task_s": median}, note
 
 
-def m_es_loop(lib, quick, reps):
-    """ES loop: 64 (params, seed) evaluations per iteration, 4 workers (iterations/s)."""
-    iterations = 5 if quick else 20
+def m_es_loop(lib, quick, reps, task_s):
+    """ES loop: 64 (params, seed) evaluations per iteration, 2 workers (iterations/s)."""
+    iterations = 5 if quick else 10
     params = np.zeros(ES_DIM, np.float32)
-    with open_pool(lib, 4) as pool:
+    mapping = 0.0
+    with open_pool(lib, 2) as pool:
         started = time.perf_counter()
         for it in range(iterations):
             seeds = [it * ES_POP + k for k in range(ES_POP)]
             tasks = [(params, seed, reps) for seed in seeds]
+            map_started = time.perf_counter()
             scores = pool.starmap_async(es_eval, tasks).get(timeout=WAIT_S)
+            mapping += time.perf_counter() - map_started
             params = es_update(params, seeds, np.asarray(scores, dtype=np.float64))
         elapsed = time.perf_counter() - started
-    return {"its": iterations / elapsed}
+    update_s = (elapsed - mapping) / iterations
+    ideal_map_s = ES_POP * task_s / 2  # the serial median task time, spread over 2 workers
+    return {"its": iterations / elapsed, "maps": iterations / mapping, "update": update_s * 1e3,
+            "ideal": 1 / (update_s + ideal_map_s), "map_ideal": ideal_map_s / (mapping / iterations)}
 
 
 def wait_idle(pool, timeout=WAIT_S):
@@ -369,6 +396,7 @@ class Measure:
     libs: tuple = ("fork", "spawn", "fiberrl")
     budget_s: float = 300.0
     setup: Optional[Callable] = None
+    rounds: int = 1   # >1: the libraries take turns, round after round; medians are shown
 
 
 MEASURES = [
@@ -387,8 +415,12 @@ MEASURES = [
     Measure("cold_start", m_cold_start, [
         Row("first", "Pool(4) to first apply result", "ms", Target("<=", 1, ("spawn",)))]),
     Measure("es_loop", m_es_loop, [
-        Row("its", "ES loop 64x100k, 4 w", "iter/s", Target(">=", 1, ("fork",)))],
-        setup=es_setup),
+        Row("its", "ES loop 64x100k, 2 w", "iter/s", Target(">=", 1.8, ("fork",))),
+        Row("maps", "  its map alone (no update)", "maps/s", Target(">=", 1.8, ("fork",))),
+        Row("update", "  its update, in the caller", "ms"),
+        Row("ideal", "  ideal loop: update + 64 t/2 w", "iter/s"),
+        Row("map_ideal", "  map: ideal time / measured", "x")],
+        setup=es_setup, libs=("fork", "spawn", "fiberrl", "ray"), rounds=3),
     Measure("recovery", m_recovery, [
         Row(f"{case}_{stat}", f"kill to re-run {stat}, other {case}", "ms",
             Target("<", 1000, ())) for case in ("idle", "busy") for stat in ("p50", "max")],
@@ -399,7 +431,8 @@ MEASURES = [
         libs=("spawn", "fiberrl")),
 ]
 
-COLUMNS = "{:<31} {:>9} {:>9} {:>9} {:<8} {:>8} {:>9}  {:<17} {:<3}"
+COLUMNS = "{:<31} {:>9} {:>9} {:>9} {:>9} {:<8} {:>8} {:>9} {:>8}  {:<17} {:<3}"
+SHOWN = ("fork", "spawn", "ray", "fiberrl")
 
 
 def fmt(value):
@@ -413,20 +446,28 @@ def run_measure(measure, libs, quick):
     if measure.setup:
         kwargs, note = measure.setup(quick)
         notes.append(note)
-    figures, errors = {row.key: {} for row in measure.rows}, {}
-    for name in libs:
-        if name not in measure.libs:
-            continue
-        log.info("%s: %s", measure.name, name)
-        try:
-            with deadline(measure.budget_s, f"{measure.name} on {name}"):
-                result = measure.func(LIBRARIES[name](), quick, **kwargs)
-        except Exception as exc:  # one library's failure must not stop the run
-            log.debug("%s failed on %s", measure.name, name, exc_info=True)
-            errors[name] = f"{type(exc).__name__}: {exc}"
-            continue
-        for key, value in result.items():
-            figures[key][name] = value
+    samples, errors = {row.key: {} for row in measure.rows}, {}
+    rounds = 1 if quick else measure.rounds
+    for _ in range(rounds):
+        for name in libs:
+            if name not in measure.libs or name in errors:
+                continue
+            log.info("%s: %s", measure.name, name)
+            try:
+                with deadline(measure.budget_s, f"{measure.name} on {name}"):
+                    result = measure.func(LIBRARIES[name](), quick, **kwargs)
+            except Exception as exc:  # one library's failure must not stop the run
+                log.debug("%s failed on %s", measure.name, name, exc_info=True)
+                errors[name] = f"{type(exc).__name__}: {exc}"
+                continue
+            for key, value in result.items():
+                samples[key].setdefault(name, []).append(value)
+    figures = {key: {name: statistics.median(values) for name, values in per_lib.items()}
+               for key, per_lib in samples.items()}
+    if rounds > 1:
+        for key, per_lib in samples.items():
+            spread = ", ".join(f"{name} {fmt(min(v))}-{fmt(max(v))}" for name, v in per_lib.items())
+            notes.append(f"{key}: median of {rounds} interleaved rounds; range {spread}")
     return figures, errors, notes
 
 
@@ -435,14 +476,14 @@ def report(measure, libs, figures, errors, notes):
     for row in measure.rows:
         values = figures[row.key]
         cells = []
-        for name in ("fork", "spawn", "fiberrl"):
+        for name in SHOWN:
             if name not in libs or name not in measure.libs:
                 cells.append("n/a")
             else:
                 cells.append("error" if name in errors else fmt(values[name])
                              if name in values else "-")
-        ratios = [f"{values['fiberrl'] / values[n]:.2f}"
-                  if "fiberrl" in values and n in values else "-" for n in ("fork", "spawn")]
+        ratios = [f"{values[a] / values[b]:.2f}" if a in values and b in values else "-"
+                  for a, b in (("fiberrl", "fork"), ("fiberrl", "spawn"), ("ray", "fork"))]
         target = row.target.text(row.unit) if row.target else "(report only)"
         met = row.target.met(values) if row.target else ""
         print(COLUMNS.format(row.label, *cells, row.unit, *ratios, target, met))
@@ -459,11 +500,13 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer rounds, shorter runs")
     parser.add_argument("--only", nargs="+", choices=names, metavar="NAME",
                         help=f"measures to run, among: {', '.join(names)}")
-    parser.add_argument("--libs", default="fork,spawn,fiberrl",
-                        help="comma-separated libraries among fork, spawn, fiberrl")
+    parser.add_argument("--libs", default=None,
+                        help="comma-separated libraries among fork, spawn, fiberrl, ray "
+                             "(default: all, ray where installed)")
     parser.add_argument("-v", "--verbose", action="store_true", help="progress and tracebacks")
     args = parser.parse_args()
-    libs = [lib.strip() for lib in args.libs.split(",") if lib.strip()]
+    default = "fork,spawn,fiberrl" + (",ray" if _have_ray() else "")
+    libs = [lib.strip() for lib in (args.libs or default).split(",") if lib.strip()]
     unknown = sorted(set(libs) - set(LIBRARIES))
     if unknown:
         parser.error(f"unknown libraries {unknown}; choose among {sorted(LIBRARIES)}")
@@ -474,8 +517,8 @@ def main():
 
     print(f"bench_pool: python {platform.python_version()}, {os.cpu_count()} cpus, "
           f"{'quick' if args.quick else 'full'} run, libs: {', '.join(libs)}")
-    print(COLUMNS.format("measure", "fork", "spawn", "fiberrl", "unit",
-                         "fib/fork", "fib/spawn", "target", "met"))
+    print(COLUMNS.format("measure", *SHOWN, "unit", "fib/fork", "fib/spawn", "ray/fork",
+                         "target", "met"))
     for measure in MEASURES:
         if (args.only and measure.name not in args.only) or not set(libs) & set(measure.libs):
             continue

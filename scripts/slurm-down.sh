@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Tear down a test cluster brought up by scripts/slurm-up.sh:
 #
-#   bash scripts/slurm-down.sh [single|two-node]    # default: single
+#   bash scripts/slurm-down.sh [single|two-node|multi [NODES]]    # default: single
 #
 # Cancels the cluster's jobs, stops its slurmd(s) and slurmctld by PID file, kills any
-# step daemon or job process they left behind, removes the two-node network (namespaces,
+# step daemon or job process they left behind, removes a namespaced topology's network (namespaces,
 # veths, bridge) and stops munged if slurm-up.sh started it and no other topology still
 # runs. Waits until every such process is gone. Nothing up: nothing to do, exit 0.
 # Job state (StateSaveLocation) and logs stay in the state directory.
@@ -44,7 +44,7 @@ stop_slurmds() {
         # shellcheck disable=SC2086
         kill_trees $pids
     fi
-    if [ "$TOPO" = two-node ]; then
+    if [ "$NAMESPACED" = 1 ]; then
         for node in "${NODES[@]}"; do
             [ -e "/run/netns/$node" ] || continue
             pids=$(ip netns pids "$node" 2>/dev/null || true)
@@ -88,7 +88,11 @@ stop_munged() {
 }
 
 main() {
-    select_topology "${1:-single}"
+    select_topology "${1:-single}" "${@:2}"
+    if [ "$TOPO" = multi ] && [ -z "${2:-}" ] && [ -f "$CONF" ]; then
+        # the nodes it was brought up with, whatever NODES says now
+        mapfile -t NODES < <(sed -n 's/^NodeName=\([^ ]*\) .*/\1/p' "$CONF")
+    fi
     [ "$(id -u)" = 0 ] || die "must run as root"
     # Were this run inside a job, its own children would look like the cluster's.
     unset "$MARKER_VAR" SLURM_CLUSTER_NAME
@@ -96,7 +100,7 @@ main() {
     cancel_jobs
     stop_slurmds
     stop_pidfile "$CTLD_PID" slurmctld
-    if [ "$TOPO" = two-node ]; then remove_network; fi
+    if [ "$NAMESPACED" = 1 ]; then remove_network; fi
     stop_munged
     rm -f "$STATE"/*.pid
     log "down"

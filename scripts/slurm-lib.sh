@@ -1,7 +1,7 @@
 # shellcheck shell=bash disable=SC2034  # the variables are the scripts' to use
 # Shared helpers of scripts/slurm-up.sh and scripts/slurm-down.sh (sourced, not run).
 #
-# A test cluster is a "topology" (single or two-node) with its own state directory
+# A test cluster is a "topology" (single, two-node or multi) with its own state directory
 # ${FIBERRL_SLURM_DIR:-/var/tmp/fiberrl-slurm}/<topology> holding
 #   slurm.conf                         the cluster's configuration (clients: SLURM_CONF)
 #   slurmctld.pid, slurmd-<node>.pid   the daemons' PID files
@@ -21,18 +21,22 @@ MUNGE_MARK="$FIBERRL_SLURM_BASE/munged.pid"
 # slurm-down.sh can find step daemons left behind by a killed slurmd.
 MARKER_VAR=FIBERRL_SLURM_STATE
 
-# Two-node topology's network: a bridge in the root namespace and one namespace per node.
+# The namespaced topologies' networks: a bridge in the root namespace and one namespace
+# per node. two-node and multi have their own bridges and subnets, so either can be
+# brought up or down without disturbing the other.
 BRIDGE=fbrl-br0
 BRIDGE_ADDR=10.213.0.1
 
 log() { echo "slurm-${TOPO:-?}: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-# select_topology NAME: sets the topology's parameters (TOPO, STATE, CONF, CLUSTER, ports,
-# the controller's address, the nodes and their addresses and sizes).
+# select_topology NAME [NODES [CPUS]]: sets the topology's parameters (TOPO, STATE, CONF,
+# CLUSTER, ports, the controller's address, the nodes and their addresses and sizes, and
+# NAMESPACED=1 when each node runs in its own network and UTS namespace).
 select_topology() {
     TOPO=${1:-single}
     HOST=$(hostname -s)
+    NAMESPACED=0
     case "$TOPO" in
         single)
             CLUSTER=fiberrl-single
@@ -53,9 +57,34 @@ select_topology() {
             NODE_ADDRS=(10.213.0.11 10.213.0.12)
             NODE_CPUS=8
             NODE_MEM=8192
+            NAMESPACED=1
+            ;;
+        multi)
+            # N nodes (default 16, at most 200), each offering CPUS CPUs (default 64): a
+            # pool worker asks for one CPU, so CPUS caps the workers per node.
+            local count=${2:-${FIBERRL_SLURM_NODES:-16}} i
+            NODE_CPUS=${3:-${FIBERRL_SLURM_NODE_CPUS:-64}}
+            [[ $count =~ ^[0-9]+$ ]] && [ "$count" -ge 1 ] && [ "$count" -le 200 ] ||
+                { echo "multi: NODES must be 1..200, got $count" >&2; exit 2; }
+            [[ $NODE_CPUS =~ ^[0-9]+$ ]] && [ "$NODE_CPUS" -ge 1 ] ||
+                { echo "multi: CPUS must be a positive integer, got $NODE_CPUS" >&2; exit 2; }
+            CLUSTER=fiberrl-multi
+            CTLD_PORT=6837
+            SLURMD_PORT=6838
+            BRIDGE=fbrl-br1
+            BRIDGE_ADDR=10.214.0.1
+            CTLD_ADDR=$BRIDGE_ADDR
+            NODES=()
+            NODE_ADDRS=()
+            for ((i = 1; i <= count; i++)); do
+                NODES+=("fbrl-m$i")
+                NODE_ADDRS+=("10.214.0.$((10 + i))")
+            done
+            NODE_MEM=$((NODE_CPUS * 256))  # DefMemPerCPU=256: every CPU can be allocated
+            NAMESPACED=1
             ;;
         *)
-            echo "usage: $0 [single|two-node]" >&2
+            echo "usage: $0 [single|two-node|multi [NODES [CPUS_PER_NODE]]]" >&2
             exit 2
             ;;
     esac

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Bring up a real Slurm test cluster on this machine (as root; Debian's Slurm 22.05).
 #
-#   bash scripts/slurm-up.sh [single|two-node]      # default: single
+#   bash scripts/slurm-up.sh [single|two-node|multi [NODES [CPUS]]]   # default: single
 #   eval "$(bash scripts/slurm-up.sh two-node | tail -1)"   # sets SLURM_CONF
 #
 #   single    one node named after this host (127.0.0.1, 16 CPUs, 16 GiB), controller on
@@ -10,6 +10,12 @@
 #             each slurmd in its own network and UTS namespace (so jobs there see their own
 #             hostname and address); the controller runs in the root namespace at
 #             10.213.0.1:6827 on the bridge fbrl-br0; slurmds listen on :6828.
+#   multi     NODES nodes (default 16, or $FIBERRL_SLURM_NODES) fbrl-m1..fbrl-mNODES at
+#             10.214.0.11.., each offering CPUS CPUs (default 64, or
+#             $FIBERRL_SLURM_NODE_CPUS; a pool worker asks for one, so CPUS caps each
+#             node's workers) and CPUS*256 MiB, each slurmd in its own network and UTS
+#             namespace as for two-node; controller at 10.214.0.1:6837 on its own bridge
+#             fbrl-br1; slurmds on :6838. Changing NODES or CPUS needs slurm-down.sh first.
 #
 # Installs the Debian packages it needs, starts munged if none runs, then slurmctld and
 # slurmd(s) as background daemons with PID files under
@@ -25,7 +31,7 @@ source "$(dirname "$0")/slurm-lib.sh"
 ensure_packages() {
     local cmds=(sbatch sinfo scontrol slurmctld slurmd munged munge unmunge)
     local pkgs=(slurmctld slurmd slurm-client munge)
-    if [ "$TOPO" = two-node ]; then
+    if [ "$NAMESPACED" = 1 ]; then
         cmds+=(ip)
         pkgs+=(iproute2)
     fi
@@ -251,7 +257,7 @@ ensure_slurmd() {
     log "starting slurmd for node $node"
     rm -f "$pidfile"
     local cmd=(env "$MARKER_VAR=$STATE" slurmd -f "$CONF" -N "$node")
-    if [ "$TOPO" = two-node ]; then
+    if [ "$NAMESPACED" = 1 ]; then
         # Not `ip netns exec`: it remounts /sys, hiding /sys/fs/cgroup, without which
         # slurmd does not start. A private mount namespace gets the node's hosts file.
         # shellcheck disable=SC2016  # $1 is expanded by that sh
@@ -303,13 +309,13 @@ wait_idle() {
 }
 
 main() {
-    select_topology "${1:-single}"
+    select_topology "${1:-single}" "${@:2}"
     [ "$(id -u)" = 0 ] || die "must run as root"
     lock
     ensure_packages
     ensure_munged
     write_conf
-    if [ "$TOPO" = two-node ]; then ensure_network; fi
+    if [ "$NAMESPACED" = 1 ]; then ensure_network; fi
     ensure_slurmctld
     local node
     for node in "${NODES[@]}"; do ensure_slurmd "$node"; done

@@ -165,6 +165,24 @@ def test_same_parameters_whatever_the_number_of_workers():
     assert np.array_equal(serial.theta, thetas[0][0])
 
 
+def test_a_large_theta_crosses_the_wire_once_per_worker_per_generation(make_pool):
+    """ES hands every task the same theta object: the pool's argument cache sends it to
+    each worker once per generation (theta here: 68k float32, 270 KB)."""
+    pool = make_pool(2)
+    es = _es(pool=pool, hidden=(256, 256), population=32, episodes_per_task=2,
+             max_episode_steps=20)
+    assert es.policy.num_params * 4 >= 64 * 1024
+    for _ in range(2):
+        before = pool.stats()
+        es.generation()
+        after = pool.stats()
+        sends = after.cached_arg_sends - before.cached_arg_sends
+        hits = after.cached_arg_hits - before.cached_arg_hits
+        assert 1 <= sends <= 2, after
+        assert sends + hits == 16  # every task's theta came from a worker's cache
+        assert after.payload_bytes_sent - before.payload_bytes_sent < 3 * es.policy.num_params * 4
+
+
 def test_state_dict_resume_continues_identically():
     es = _es(pool=SerialPool())
     es.generation()

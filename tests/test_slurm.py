@@ -229,11 +229,28 @@ def host_after(delay):
     time.sleep(delay)
     return socket.gethostname()
 
+def host_pid_after(delay):
+    import os
+    time.sleep(delay)
+    return socket.gethostname(), os.getpid()
+
 if __name__ == "__main__":
     fiberrl.init(backend="slurm", heartbeat_timeout=5)
-    with fiberrl.Pool(4, cpu=4) as pool:  # 8-CPU nodes: two workers on each
+    workers, cpu = (16, 1) if sys.argv[1] == "kill-tenth" else (4, 4)
+    with fiberrl.Pool(workers, cpu=cpu) as pool:  # 8-CPU nodes: 8 or 2 workers on each
         hosts = set(pool.map(host_after, [0.2] * 40, 1))
         print("HOSTS", sorted(hosts), flush=True)
+        if sys.argv[1] == "kill-tenth":  # SIGKILL 2 of the 16 workers at once mid-map
+            import os, signal
+            pids = sorted({pid for _, pid in pool.map(host_pid_after, [0.3] * 48, 1)})
+            result = pool.map_async(host_pid_after, [0.5] * 64, 1)
+            time.sleep(1.0)
+            killed = time.monotonic()
+            for pid in pids[:2]:
+                os.kill(pid, signal.SIGKILL)
+            done = result.get(timeout=240)
+            print("ALL", len(done), "AFTER", round(time.monotonic() - killed, 2), flush=True)
+            print("DEATHS", pool.stats().worker_deaths, flush=True)
         if sys.argv[1] == "kill-node":
             result = pool.map_async(host_after, [0.5] * 60, 1)
             time.sleep(3)
@@ -262,6 +279,16 @@ def _two_node_master(tmp_path, *args):
 def test_a_pool_spans_two_nodes(tmp_path):
     out = _two_node_master(tmp_path, "spread")
     assert "HOSTS ['fbrl-n1', 'fbrl-n2']" in out, out
+
+
+@pytest.mark.slow
+def test_two_of_sixteen_workers_on_two_nodes_killed_at_once(tmp_path):
+    """Issue 23's fault test at suite size: 12% of the workers SIGKILLed at once mid-map;
+    every result comes back (bench/bench_scale.py runs it at 64-256 workers)."""
+    out = _two_node_master(tmp_path, "kill-tenth")
+    assert "HOSTS ['fbrl-n1', 'fbrl-n2']" in out, out
+    assert "ALL 64 " in out, out
+    assert "DEATHS 2" in out, out
 
 
 def test_losing_a_node_the_pool_finishes_on_the_other(tmp_path):

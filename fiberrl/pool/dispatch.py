@@ -41,6 +41,7 @@ from .._runtime.liveness import job_watch
 from .._runtime.runtime import runtime
 from .._wire.stream import Channel
 from .pending import PendingTable
+from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable, LinkCache, SharedBuffer
 from .tasks import Task
 from .wire import PoolChannel
 
@@ -55,12 +56,12 @@ TICK = 0.1
 class WorkerLink:
     """The pool's view of one connected worker."""
 
-    __slots__ = ("id", "channel", "pid", "host", "quota_left", "known", "drops",
+    __slots__ = ("id", "channel", "pid", "host", "quota_left", "known", "drops", "cache",
                  "last_seen", "idle_since", "retiring", "dead", "solo", "hungry", "stop_sent",
                  "job_token")
 
     def __init__(self, worker_id: int, channel: PoolChannel, pid: int, host: str,
-                 quota: Optional[int]) -> None:
+                 quota: Optional[int], cache_bytes: int) -> None:
         self.id = worker_id
         self.channel = channel
         self.pid = pid
@@ -68,6 +69,7 @@ class WorkerLink:
         self.quota_left = quota
         self.known: set = set()
         self.drops: List[int] = []
+        self.cache = LinkCache(cache_bytes)   # the large arguments it holds (see .shared)
         self.last_seen = time.monotonic()
         self.idle_since = self.last_seen
         self.retiring = False
@@ -104,6 +106,11 @@ class Dispatcher:
         self.hungry: "collections.deque[WorkerLink]" = collections.deque()
         self.target = 1
         self.completed = 0
+        self.buffers: Optional[BufferTable] = None  # set by the pool: its argument cache
+        self.arg_cache_bytes = DEFAULT_ARG_CACHE_BYTES
+        self.payload_bytes_sent = 0
+        self.cached_arg_sends = 0
+        self.cached_arg_hits = 0
         self.closing = False
         self._stopped = False
         self.reactor = rt.reactor
@@ -207,6 +214,12 @@ class Dispatcher:
                     link.known.discard(entry.id)
                     link.drops.append(entry.id)
 
+    def forget_buffer(self, entry: SharedBuffer) -> None:
+        """No task uses ``entry`` any more: its holders drop it (any thread)."""
+        with self.lock:
+            for cache in list(entry.holders):
+                cache.forget(entry)
+
     def _on_event(self, data: list, mask: int) -> None:
         channel = data[0]
         if channel.fileno() not in self._streams:
@@ -261,7 +274,7 @@ class Dispatcher:
             self.events.put(("init_failed", worker_id, header[3]))
             raise ConnectionError("initializer failed")
         _, _, _, pid, host = header
-        link = WorkerLink(worker_id, data[0], pid, host, maxtasks)
+        link = WorkerLink(worker_id, data[0], pid, host, maxtasks, self.arg_cache_bytes)
         link.job_token = self.job_tokens.pop(worker_id, None)
         data[1] = link
         self.links[worker_id] = link
@@ -276,6 +289,7 @@ class Dispatcher:
             task = self.pending.complete(task_id, link.id)
             if task is None:
                 continue  # a late duplicate of a task that was re-queued
+            link.cache.unpin(task_id)
             try:
                 value = reduction.loads(frames)
             except Exception as exc:  # e.g. an exception class that needs other arguments
@@ -289,6 +303,8 @@ class Dispatcher:
         self._make_hungry(link)
 
     def _finish_task(self, task: Task, ok: bool, value: Any, seconds: float) -> None:
+        if self.buffers is not None:
+            self.buffers.release(task.frames)
         try:
             task.call._task_done(task, ok, value, seconds)
         except Exception:  # user code runs in there (callbacks, progress sinks)
@@ -343,16 +359,22 @@ class Dispatcher:
                 rounds += 1
 
     def _send(self, link: WorkerLink, batch: List[Task]) -> None:
-        funcs, func_buffers, tasks, task_buffers = [], [], [], []
+        funcs, func_buffers, tasks, task_buffers, added = [], [], [], [], []
+        cache = link.cache
         for task in batch:
             function = task.call.function
             if function.id not in link.known:
                 link.known.add(function.id)
                 funcs.append((function.id, function.frames[0], len(function.frames) - 1))
                 func_buffers.extend(function.frames[1:])
-            tasks.append((task.id, function.id, task.mode, task.frames[0], len(task.frames) - 1))
-            task_buffers.extend(task.frames[1:])
+            layout, new, hits = cache.encode(task.id, task.frames, task_buffers)
+            added.extend(new)
+            self.cached_arg_sends += len(new)
+            self.cached_arg_hits += hits
+            tasks.append((task.id, function.id, task.mode, task.frames[0], layout))
             self.pending.assign(task, link.id)
+        if added:
+            cache.evict()
         solo = batch[0].suspect
         link.solo = link.solo or solo
         drops, link.drops = link.drops, []
@@ -361,8 +383,16 @@ class Dispatcher:
             if link.quota_left <= 0:
                 link.retiring = True
                 self.events.put(("retiring", link.id, "maxtasksperchild reached"))
+        cache_drops, link.cache.drops = link.cache.drops, []
+        buffers = [*func_buffers, *(entry.data for entry in added), *task_buffers]
+        self.payload_bytes_sent += (sum(len(t[3]) for t in tasks) + sum(len(f[1]) for f in funcs)
+                                    + sum(memoryview(b).nbytes for b in buffers))
+        self._send_message(link, ("tasks", funcs, drops, tasks, solo,
+                                  [entry.key for entry in added], cache_drops), buffers)
+
+    def _send_message(self, link: WorkerLink, header: tuple, buffers: List[Any]) -> None:
         try:
-            link.channel.send(("tasks", funcs, drops, tasks, solo), func_buffers + task_buffers)
+            link.channel.send(header, buffers)
             self._watch_writes(link.channel, self._streams.get(link.channel.fileno(),
                                                                [link.channel, link]))
         except (ConnectionError, KeyError) as exc:
@@ -399,6 +429,7 @@ class Dispatcher:
             link.dead = True
             self._unregister(link.channel)
             link.channel.close()
+            link.cache.close()
         requeue, exhausted = self.pending.worker_lost(worker_id, how)
         if requeue:
             logger.log(logging.WARNING if unexpected else logging.INFO,
@@ -428,6 +459,9 @@ class Dispatcher:
             if link.dead:
                 continue
             held = self.pending.held_by(link.id)
+            if link.cache.drops and not link.stop_sent:  # freed entries, to an idle worker
+                drops, link.cache.drops = link.cache.drops, []
+                self._send_message(link, ("tasks", [], [], [], False, [], drops), [])
             silent = self._silence(link, now)
             if silent > self.heartbeat_timeout:
                 link.dead = True

@@ -27,10 +27,12 @@ import weakref
 from multiprocessing.pool import CLOSE, RUN, TERMINATE
 from typing import Any, Callable, Iterable, List, Mapping, Optional
 
-from .. import resources
+from .. import reduction, resources
 from ..config import get_config
 from ..errors import PoolTerminatedError
 from .dispatch import Dispatcher
+from .limits import ensure_fd_room
+from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable
 from .supervisor import Supervisor
 from .tasks import APPLY, MAP, STARMAP, ApplyResult, FunctionTable, IMapIterator, MapResult, chunks
 
@@ -53,6 +55,10 @@ class PoolStats:
     worker_deaths: int  #: workers lost unexpectedly (crash, kill, missed heartbeat)
     retried: int       #: tasks re-queued after their worker died
     time_limit_replacements: int = 0  #: workers replaced before their job's time limit
+    payload_bytes_sent: int = 0  #: bytes of pickled tasks and functions sent to workers
+    cached_arg_sends: int = 0    #: large arguments sent into a worker's cache
+    cached_arg_hits: int = 0     #: large task arguments a worker's cache served instead
+    cached_args: int = 0         #: shared large arguments the pool holds now (used by a task)
 
 
 def _check_callable(func: Any) -> None:
@@ -73,6 +79,8 @@ class _PoolCore:
         self.dispatcher = Dispatcher(f"{self.name}-{os.getpid()}-{id(self):x}",
                                      max_task_retries, heartbeat_timeout, idle_timeout, events)
         self.functions = FunctionTable(self.dispatcher.forget_function)
+        self.buffers = BufferTable(self.dispatcher.forget_buffer, reduction.OUT_OF_BAND_MIN_BYTES)
+        self.dispatcher.buffers = self.buffers
         self.dispatcher.target = processes
         self.supervisor = Supervisor(self.dispatcher, processes, self.name, worker_options,
                                      max_task_retries, idle_timeout,
@@ -119,6 +127,9 @@ class Pool:
     - ``idle_timeout``: seconds after which an idle worker is released back to the
       cluster (default None: workers stay); released workers start again when work
       arrives;
+    - ``arg_cache_bytes``: bytes of large arguments each worker may keep so that an
+      argument shared by many tasks crosses the wire once per worker (default 256 MiB;
+      see :mod:`fiberrl.pool.shared`);
     - ``cpu``, ``mem``, ``gpu`` and backend hints such as ``time_limit`` or
       ``partition`` (see :mod:`fiberrl.resources`): what each worker's job asks for.
 
@@ -132,7 +143,8 @@ class Pool:
                  initargs: Iterable[Any] = (), maxtasksperchild: Optional[int] = None,
                  context: Any = None, *, max_task_retries: Optional[int] = None,
                  heartbeat_timeout: Optional[float] = None,
-                 idle_timeout: Optional[float] = None, cpu: Optional[float] = None,
+                 idle_timeout: Optional[float] = None, arg_cache_bytes: int = DEFAULT_ARG_CACHE_BYTES,
+                 cpu: Optional[float] = None,
                  mem: Any = None, gpu: Optional[int] = None, **hints: Any) -> None:
         self._state = RUN  # before anything can raise, so __del__ works
         self._core: Optional[_PoolCore] = None
@@ -160,9 +172,14 @@ class Pool:
         options = {"initializer": initializer, "initargs": initargs, "maxtasks": maxtasksperchild,
                    "heartbeat_interval": min(cfg.heartbeat_interval, timeout / 4),
                    "resources": resources.validate(cpu, mem, gpu, **hints)}
+        ensure_fd_room(processes)  # a clear error here, not EMFILE in a thread later
         self._processes = processes
         self._window = 4 * processes + 32
+        ensure_fd_room(processes)  # a clear error here, not EMFILE in a thread later
+        if not isinstance(arg_cache_bytes, int) or arg_cache_bytes < 0:
+            raise ValueError(f"arg_cache_bytes must be a non-negative int, got {arg_cache_bytes!r}")
         self._core = _PoolCore(processes, options, retries, timeout, idle_timeout)
+        self._core.dispatcher.arg_cache_bytes = arg_cache_bytes
         self._finalizer = weakref.finalize(self, _terminate_core, self._core)
 
     # -- the stdlib API --------------------------------------------------------------
@@ -278,6 +295,7 @@ class Pool:
         """
         self._check_running()
         _check_count(processes, "processes")
+        ensure_fd_room(max(0, processes - self._processes))  # not EMFILE in a thread later
         self._processes = processes
         self._window = 4 * processes + 32
         core = self._core
@@ -301,7 +319,11 @@ class Pool:
                          queued=len(dispatcher.queue), pending=len(dispatcher.pending),
                          completed=dispatcher.completed, worker_deaths=supervisor.worker_deaths,
                          retried=dispatcher.pending.retried,
-                         time_limit_replacements=supervisor.time_limit_replacements)
+                         time_limit_replacements=supervisor.time_limit_replacements,
+                         payload_bytes_sent=dispatcher.payload_bytes_sent,
+                         cached_arg_sends=dispatcher.cached_arg_sends,
+                         cached_arg_hits=dispatcher.cached_arg_hits,
+                         cached_args=core.buffers.live)
 
     # -- stdlib-compatible internals used by CPython's tests --------------------------
     @property
@@ -340,14 +362,18 @@ class Pool:
         chunksize = max(chunksize, 1)
         core = self._core
         result = MapResult(core, func, n_items, chunksize, callback, error_callback, progress)
+        memo: dict = {}  # the call's tasks share their large buffers (see .shared)
+        batch = []
         try:
-            batch = []
             for index, chunk in enumerate(chunks(iterable, chunksize)):
-                batch.append(result._make_task(index, mode, chunk, len(chunk), index * chunksize))
+                batch.append(result._make_task(index, mode, chunk, len(chunk), index * chunksize,
+                                               memo))
                 if len(batch) >= 256:
                     core.dispatcher.submit(result, batch, False)
                     batch = []
         except BaseException as exc:
+            for task in batch:
+                core.buffers.release(task.frames)
             core.dispatcher.submit(result, [], True)
             result._abort(exc)
             raise

@@ -3,9 +3,10 @@
 A *call* (one ``apply_async``, ``map_async`` or ``imap``) is a result object plus
 the tasks it was cut into: one task per chunk of ``chunksize`` items. Each task is
 pickled once, in the caller's thread, when it is submitted: the caller gets pickling
-errors at once, the pool keeps only bytes (so the caller's objects are not kept
-alive, and a task can be re-sent after its worker died), and the pool's I/O thread
-never pickles user objects.
+errors at once, a task can be re-sent after its worker died, and the pool's I/O
+thread never pickles user objects. Large buffers stay views of the caller's objects
+the first time; one seen again becomes a shared entry, a snapshot sent once per
+worker (:mod:`.shared`).
 
 Result objects are filled by the pool's I/O thread through ``_set``; callbacks run
 in that thread, as in the stdlib (they should return quickly).
@@ -107,13 +108,14 @@ class Task:
                  "worker", "started")
 
     def __init__(self, call: "Call", index: int, mode: int, payload: Any, size: int,
-                 first: int = 0) -> None:
+                 first: int = 0, memo: Optional[dict] = None) -> None:
         self.id = next(_task_ids)  # internal: the pending table's key, never shown to users
         self.call = call
         self.index = index
         self.first = first            # the input index of the chunk's first item
         self.mode = mode
-        self.frames = reduction.dumps(payload)
+        # large buffers that repeat become shared entries (see .shared); memo spans a call
+        self.frames = call._core.buffers.share(reduction.dumps(payload), memo)
         self.size = size
         self.deaths: List[str] = []   # how the workers that died running it ended
         self.suspect = False          # its worker died: run it alone next time
@@ -161,8 +163,10 @@ class Call(abc.ABC):
         self.mean_duration: Optional[float] = None  # seconds per task, measured by workers
 
     # -- called by the pool ------------------------------------------------------
-    def _make_task(self, index: int, mode: int, payload: Any, size: int, first: int = 0) -> Task:
-        return Task(self, index, mode, payload, size, first)
+    def _make_task(self, index: int, mode: int, payload: Any, size: int, first: int = 0,
+                   memo: Optional[dict] = None) -> Task:
+        """Pickle one task; ``memo`` (one dict per call) lets its tasks share large buffers."""
+        return Task(self, index, mode, payload, size, first, memo)
 
     def _task_done(self, task: Task, ok: bool, value: Any, duration: float) -> None:
         """A task of this call finished (I/O thread)."""

@@ -9,10 +9,15 @@ died), so that the pool knows exactly which task a crash belongs to. The job's w
 over its parent (:mod:`fiberrl._runtime.liveness`) proves the worker is alive while a
 long task runs: its heartbeats go to the pool's process at the pool's interval.
 
+A task's ``layout`` says, for each of its out-of-band buffers, whether it is the next
+inline frame (None) or an entry of the worker's argument cache (its key): entries
+arrive once, as the frames after the functions' (see :mod:`fiberrl.pool.shared`).
+
 Messages (headers; pickle streams are bytes inside the header, large buffers follow)::
 
     pool -> worker  ("tasks", [(func_id, stream, n_buffers)], [dropped func ids],
-                     [(task_id, func_id, mode, stream, n_buffers)], flush_each)
+                     [(task_id, func_id, mode, stream, layout)], flush_each,
+                     [added cache keys], [dropped cache keys])
                     ("stop",)
     worker -> pool  ("hello", worker_id, token, pid, host)
                     ("init_failed", worker_id, token, traceback_text)
@@ -48,6 +53,15 @@ _FLUSH_COUNT = 256
 
 def _take(buffers: List[memoryview], start: int, count: int) -> List[Any]:
     return buffers[start:start + count]
+
+
+_current: Optional["Worker"] = None  # the worker running in this process, if any
+
+
+def cached_arg_bytes() -> int:
+    """Bytes of shared large arguments this pool worker holds (0 outside a pool worker)."""
+    worker = _current
+    return sum(len(data) for data in worker.cache.values()) if worker is not None else 0
 
 
 class _Globals:
@@ -121,6 +135,7 @@ class Worker:
         self.worker_id = worker_id
         self.maxtasks = maxtasks
         self.functions: Dict[int, Any] = {}
+        self.cache: Dict[int, bytes] = {}   # shared large arguments, by key
         self.globals = _Globals()
         self.queue: "collections.deque" = collections.deque()
         self.results: List[tuple] = []
@@ -144,7 +159,7 @@ class Worker:
         if kind != "tasks":
             logger.warning("unexpected message %r from the pool", kind)
             return True
-        _, funcs, dropped, tasks, self.flush_each = header
+        _, funcs, dropped, tasks, self.flush_each, cache_adds, cache_drops = header
         position = 0
         for func_id, stream, count in funcs:
             frames = [stream, *_take(buffers, position, count)]
@@ -159,10 +174,28 @@ class Worker:
                     f"{type(exc).__name__}: {exc}", traceback.format_exc())
         for func_id in dropped:
             self.functions.pop(func_id, None)
-        for task_id, func_id, mode, stream, count in tasks:
-            self.queue.append((task_id, func_id, mode, [stream, *_take(buffers, position, count)]))
-            position += count
+        for key in cache_drops:
+            self.cache.pop(key, None)
+        for key in cache_adds:  # a copy: the frame is a view of the whole message
+            self.cache[key] = bytes(buffers[position])
+            position += 1
+        for task_id, func_id, mode, stream, layout in tasks:
+            frames = [stream]
+            for key in layout:  # cached entries are looked up when the task runs
+                if key is None:
+                    frames.append(buffers[position])
+                    position += 1
+                else:
+                    frames.append(key)
+            self.queue.append((task_id, func_id, mode, frames))
         return True
+
+    def _resolve(self, frames: List[Any]) -> List[Any]:
+        """The task's frames with cached entries as private, writable copies."""
+        if all(type(frame) is not int for frame in frames[1:]):
+            return frames
+        return [frames[0], *(memoryview(bytearray(self.cache[frame])) if type(frame) is int
+                             else frame for frame in frames[1:])]
 
     def run_one(self) -> None:
         task_id, func_id, mode, frames = self.queue.popleft()
@@ -172,7 +205,13 @@ class Worker:
             ok, value = False, func or TaskDeserializationError(
                 f"the pool sent no function {func_id}", "")
         else:
-            ok, value = _execute(func, mode, frames)
+            try:
+                frames = self._resolve(frames)
+            except KeyError as exc:
+                ok, value = False, TaskDeserializationError(
+                    f"the pool sent no cached argument {exc}", "")
+            else:
+                ok, value = _execute(func, mode, frames)
         seconds = time.perf_counter() - started
         ok, out = _encode_result(ok, value)
         self.results.append((task_id, ok, bytes(out[0]), len(out) - 1, seconds))
@@ -207,6 +246,8 @@ def run_worker(address: tuple, worker_id: int, token: str, initializer: Optional
     if watch is not None:
         watch.set_interval(heartbeat_interval)   # as often as this pool needs to hear
     worker = Worker(conn, worker_id, maxtasks)
+    global _current
+    _current = worker
     try:
         if initializer is not None:
             try:

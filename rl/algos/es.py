@@ -51,8 +51,11 @@ Design decisions:
   gave identical results too in our runs, but batched float rounding is not
   guaranteed to be independent of the batch size.)
 - **Tasks**: ``episodes_per_task`` episodes per pool task, so a population of
-  thousands is a few hundred tasks; each carries ``theta`` once (it is small:
-  CartPole's default policy has 1,282 parameters).
+  thousands is a few hundred tasks. All tasks of a generation carry the *same*
+  ``theta`` array object, so on a ``fiberrl.Pool`` a ``theta`` of 64 KiB or more
+  (16k+ parameters) crosses the wire once per worker per generation, not once per
+  task (the pool's argument cache, :mod:`fiberrl.pool.shared`); a smaller one (CartPole's
+  default policy has 1,282 parameters, 5 KB) simply rides inside each task.
 """
 from __future__ import annotations
 
@@ -217,7 +220,7 @@ class ES(PopulationAlgorithm):
         indices = self.table.sample_index(self.rng, dim, pairs)
         episode_seeds = np.random.SeedSequence([self.seed, self.generations]).generate_state(
             pairs, dtype=np.uint32).astype(np.int64)
-        theta32 = self.theta.astype(np.float32)
+        theta32 = self.theta.astype(np.float32)  # one object for every task: sent once per worker
         per_task = self.episodes_per_task // 2
         tasks = [ESTask(self.env, self.policy, theta32, self.sigma, self.seed, self.noise_table_size,
                         indices[i:i + per_task], episode_seeds[i:i + per_task], self.max_episode_steps)

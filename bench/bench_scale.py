@@ -1,0 +1,246 @@
+"""What a pool's master costs per worker, and how it behaves at 64-1,024 workers (issue 23).
+
+    python bench/bench_scale.py [--workers 64 256] [--backend local|slurm] [--cpu 1]
+                                [--only startup idle noop sleep kill node] [--fork-reference]
+
+For each pool size: the time from ``Pool(n)`` to every worker connected; the master's
+file descriptors, threads and RSS (and their growth per worker over the master before
+the pool); its CPU per second while the pool idles (heartbeats); the workers' median
+RSS/USS; no-op ``map`` tasks/s (chunksize 1 and default); Fiber's overhead test
+(``sleep(d)`` tasks, chunksize 1, d = 10 ms and 100 ms, elapsed/ideal; with
+``--fork-reference`` the stdlib fork pool of the same size runs it too, side by side);
+SIGKILL of 10% of the workers at once mid-map (every result back? extra seconds over
+the same map without kills; seconds until the pool is whole again); rl's ES with a
+population of 1,024 (seconds per generation, split into the pool's map and the learner,
+and the task time per worker); with ``--backend
+slurm`` and ``node``, one node of the ``multi`` cluster lost (its slurmd and every
+process in its namespace): seconds until its tasks ran again elsewhere.
+
+These are measurements on a shared 2-core machine, not tests: every figure moves with
+the other users' load; ratios taken in one run are the ones to compare.
+"""
+import argparse
+import logging
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import psutil
+
+import fiberrl
+
+log = logging.getLogger("bench_scale")
+MIB = 1024 * 1024
+
+
+def noop(_):
+    """Does nothing."""
+    return None
+
+
+def nap(seconds):
+    """Sleeps ``seconds``; returns this worker's host name and pid."""
+    time.sleep(seconds)
+    import socket
+    return socket.gethostname(), os.getpid()
+
+
+def master_usage():
+    """(fds, threads, rss MiB) of this process."""
+    me = psutil.Process()
+    return me.num_fds(), me.num_threads(), me.memory_info().rss / MIB
+
+
+def wait_alive(pool, n, timeout):
+    """Seconds until ``pool.stats().alive == n`` (raises after ``timeout``)."""
+    started = time.monotonic()
+    while pool.stats().alive < n:
+        if time.monotonic() - started > timeout:
+            raise TimeoutError(f"only {pool.stats().alive} of {n} workers up after {timeout} s")
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def idle_cpu(seconds):
+    """CPU seconds per second this process used while sleeping ``seconds``."""
+    me = psutil.Process()
+    before = me.cpu_times()
+    time.sleep(seconds)
+    after = me.cpu_times()
+    return (after.user + after.system - before.user - before.system) / seconds
+
+
+def worker_memory(pool):
+    """Median (RSS, USS) of the pool's workers, MiB (those visible from here)."""
+    rss, uss = [], []
+    for worker in pool.workers():
+        try:
+            info = psutil.Process(worker.pid).memory_full_info()
+        except (psutil.Error, TypeError, ValueError):
+            continue
+        rss.append(info.rss / MIB)
+        uss.append(info.uss / MIB)
+    return (statistics.median(rss), statistics.median(uss), len(rss)) if rss else (0, 0, 0)
+
+
+def sleep_overhead(pool, n, d, per_worker):
+    """elapsed/ideal of ``n * per_worker`` sleep(d) tasks, chunksize 1."""
+    started = time.perf_counter()
+    pool.map(nap, [d] * (n * per_worker), chunksize=1)
+    return (time.perf_counter() - started) / (per_worker * d)
+
+
+def kill_tenth(pool, n, per_worker=4, d=0.5):
+    """Map n*per_worker sleep(d) tasks; SIGKILL 10% of the workers at once after half a task.
+    Returns (seconds without kills, seconds with, seconds from the kill until n workers
+    were connected again, or None if not within the map)."""
+    started = time.perf_counter()
+    pool.map(nap, [d] * (n * per_worker), chunksize=1)
+    calm = time.perf_counter() - started
+    victims = [w.pid for w in pool.workers()][: max(1, n // 10)]
+    started = time.perf_counter()
+    result = pool.map_async(nap, [d] * (n * per_worker), chunksize=1)
+    time.sleep(d * 0.5)
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    killed = time.perf_counter()
+    whole, dropped = None, False
+    while not result.ready():
+        alive = pool.stats().alive
+        dropped = dropped or alive < n
+        if dropped and whole is None and alive == n:
+            whole = time.perf_counter() - killed
+        time.sleep(0.01)
+    results = result.get(timeout=600)
+    faulty = time.perf_counter() - started
+    assert len(results) == n * per_worker and all(r is not None for r in results)
+    return calm, faulty, whole
+
+
+def lose_node(pool, n, conf, d=0.5, per_worker=6):
+    """Kill one multi-cluster node (slurmd + its namespace's processes) mid-map.
+    Returns (node, seconds from the kill until a task of the map ran on another node
+    after a task that was on the lost node failed to report, total seconds, deaths)."""
+    started = time.perf_counter()
+    result = pool.map_async(nap, [d] * (n * per_worker), chunksize=1)
+    time.sleep(d * 1.5)
+    node = "fbrl-m1"
+    state = os.path.dirname(conf)
+    pid = open(os.path.join(state, f"slurmd-{node}.pid")).read().strip()
+    killed = time.perf_counter()
+    subprocess.run(["bash", "-c", f"kill -9 {pid}; ip netns pids {node} | xargs -r kill -9"],
+                   check=True)
+    try:
+        results = result.get(timeout=900)
+        done = time.perf_counter()
+    finally:  # the node comes back (slurm-up.sh restarts its slurmd and resumes it)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        restart = subprocess.Popen(["bash", os.path.join(root, "scripts", "slurm-up.sh"), "multi"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    restart.wait(300)
+    hosts = {host for host, _ in results}
+    return node, done - killed, done - started, pool.stats().worker_deaths, hosts
+
+
+def es_generations(pool, n, generations=3):
+    """rl's ES, population 1,024 on CartPole (50-step episodes, 2 per task: 512 tasks):
+    median seconds per generation, in the pool's map, and of worker time per worker."""
+    from rl.algos.es import ES
+    es = ES("CartPole-v1", pool=pool, population=1024, episodes_per_task=2,
+            max_episode_steps=50, noise_table_size=1_000_000, seed=0)
+    es.generation()  # warm-up: noise tables and envs built in every worker
+    stats = [es.generation().stats for _ in range(generations)]
+    med = lambda key: statistics.median(s[key] for s in stats)  # noqa: E731
+    return med("generation_s"), med("pool_eval_s"), med("worker_s") / n
+
+
+def fork_reference(n, args):
+    """The stdlib fork pool's sleep overhead at the same size."""
+    import multiprocessing
+    out = {}
+    with multiprocessing.get_context("fork").Pool(n) as pool:
+        pool.map(nap, [0.01] * n, chunksize=1)
+        for d, k in ((0.01, 20), (0.1, 5)):
+            out[d] = sleep_overhead(pool, n, d, k)
+    return out
+
+
+def run(n, args):
+    """Every chosen measure at ``n`` workers; prints one block."""
+    only = set(args.only)
+    base_fds, base_threads, base_rss = master_usage()
+    started = time.monotonic()
+    pool = fiberrl.Pool(n, cpu=args.cpu) if args.cpu else fiberrl.Pool(n)
+    try:
+        up = wait_alive(pool, n, args.start_timeout)
+        fds, threads, rss = master_usage()
+        print(f"\n== {n} workers, backend {args.backend} (load average "
+              f"{os.getloadavg()[0]:.1f}, 2-core machine shared with others)")
+        print(f"  Pool({n}) to all workers up          {up:8.2f} s   "
+              f"({(time.monotonic() - started):.2f} s with the constructor)")
+        print(f"  master fds                           {fds:8d}     (+{(fds - base_fds) / n:.2f} per worker)")
+        print(f"  master threads                       {threads:8d}     (+{threads - base_threads})")
+        print(f"  master RSS                           {rss:8.1f} MiB (+{(rss - base_rss) * 1024 / n:.0f} KiB per worker)")
+        wrss, wuss, seen = worker_memory(pool)
+        print(f"  worker RSS / USS (median of {seen})     {wrss:6.1f} / {wuss:.1f} MiB")
+        if "idle" in only:
+            print(f"  master CPU while idle                {idle_cpu(args.idle_s) * 1e3:8.1f} ms/s "
+                  f"(over {args.idle_s:.0f} s)")
+        if "noop" in only:
+            for chunk in (1, None):
+                count = 20 * n
+                t0 = time.perf_counter()
+                pool.map(noop, range(count), chunksize=chunk)
+                rate = count / (time.perf_counter() - t0)
+                print(f"  no-op map, chunksize {chunk!s:<4}           {rate:8.0f} tasks/s ({count} tasks)")
+        if "sleep" in only:
+            ref = fork_reference(n, args) if args.fork_reference else {}
+            for d, k in ((0.01, 20), (0.1, 5)):
+                ours = sleep_overhead(pool, n, d, k)
+                theirs = f"   stdlib fork {ref[d]:.2f}x, fiberrl/fork {ours / ref[d]:.2f}" if d in ref else ""
+                print(f"  sleep {d * 1e3:3.0f} ms x {k * n}, chunk 1         {ours:8.2f} x ideal{theirs}")
+        if "kill" in only:
+            calm, faulty, back = kill_tenth(pool, n)
+            whole = f"{back:.2f} s after the kill" if back is not None else "only after the map"
+            print(f"  SIGKILL {max(1, n // 10)} workers mid-map (sleep 0.5 s x {4 * n}): all results back; "
+                  f"{calm:.2f} s calm, {faulty:.2f} s with kills (+{faulty - calm:.2f} s); "
+                  f"pool whole again {whole}")
+        if "es" in only:
+            gen, pool_s, per_worker = es_generations(pool, n)
+            print(f"  ES population 1,024 (512 tasks), CartPole 50 steps: {gen:.2f} s/generation; "
+                  f"{pool_s:.2f} s in the map, {gen - pool_s:.2f} s in the learner, "
+                  f"{per_worker:.3f} s of task time per worker")
+        if "node" in only and args.backend == "slurm":
+            node, since, total, deaths, hosts = lose_node(pool, n, os.environ["SLURM_CONF"])
+            print(f"  node {node} lost mid-map: map done {since:.2f} s after the kill ({total:.2f} s in all), "
+                  f"{deaths} worker deaths; results came from {len(hosts)} hosts")
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def main():
+    """Parse the command line and run every size."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--backend", default="local", choices=["local", "slurm"])
+    parser.add_argument("--cpu", type=float, default=None, help="CPUs each worker asks for")
+    parser.add_argument("--only", nargs="+", default=["idle", "noop", "sleep", "kill", "node", "es"],
+                        choices=["idle", "noop", "sleep", "kill", "node", "es"])
+    parser.add_argument("--fork-reference", action="store_true",
+                        help="run the stdlib fork pool's sleep test at the same sizes")
+    parser.add_argument("--idle-s", type=float, default=5.0)
+    parser.add_argument("--start-timeout", type=float, default=900.0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)  # the kills' warnings are expected
+    sys.stdout.reconfigure(line_buffering=True)
+    fiberrl.init(backend=args.backend)
+    for n in args.workers:
+        run(n, args)
+
+
+if __name__ == "__main__":
+    main()

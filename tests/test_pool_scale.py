@@ -1,0 +1,95 @@
+"""What a pool's master costs per worker: its file-descriptor budget and the
+supervisor's polling (issue 23). The figures at 64-1,024 workers are in
+bench/bench_scale.py and docs/scale.md."""
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import fiberrl
+from pool_helpers import wait_until
+
+
+def _run(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_pool_raises_a_low_soft_fd_limit_to_the_hard_one():
+    done = _run("""
+        import resource, fiberrl
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        assert hard >= 1024, hard
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+        with fiberrl.Pool(40) as pool:  # ~8 descriptors per worker: over 128
+            assert pool.map(abs, range(-100, 0)) == list(range(100, 0, -1))
+        print("LIMIT", resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard))
+    """, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "LIMIT True" in done.stdout
+
+
+def test_pool_fails_at_once_when_the_hard_fd_limit_is_too_low():
+    done = _run("""
+        import resource, time, fiberrl
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
+        started = time.monotonic()
+        try:
+            fiberrl.Pool(100)
+        except OSError as exc:
+            print("ERROR", exc)
+        print("SECONDS", time.monotonic() - started)
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ERROR a pool of 100 more workers needs about" in done.stdout, done.stdout
+    assert "hard limit 200" in done.stdout
+    assert float(done.stdout.split("SECONDS")[1]) < 5
+
+
+def test_resize_checks_the_fd_budget_of_the_workers_it_adds(make_pool, monkeypatch):
+    import fiberrl.pool.pool as pool_module
+    pool = make_pool(1)
+    asked = []
+    monkeypatch.setattr(pool_module, "ensure_fd_room", asked.append)
+    pool.resize(5)
+    pool.resize(2)
+    assert asked == [4, 0]
+
+
+def test_connected_workers_are_polled_about_once_a_second(make_pool, monkeypatch):
+    """The supervisor used to poll every worker's job 20 times a second: 0.4 ms of the
+    master's CPU per worker per second while idle (a connected worker's death closes its
+    connection, which the I/O thread reports at once)."""
+    from fiberrl.process import Process
+    polls = []
+    original = Process.exitcode
+    monkeypatch.setattr(Process, "exitcode", property(
+        lambda self: polls.append(self.pid) or original.fget(self)))
+    pool = make_pool(8)
+    assert wait_until(lambda: pool.stats().alive == 8, 120), pool.stats()
+    time.sleep(0.5)
+    polls.clear()
+    time.sleep(2.0)
+    per_worker_per_s = len(polls) / 8 / 2.0
+    assert 0 < per_worker_per_s <= 3, per_worker_per_s
+    # and a connected worker's death is still noticed at once
+    victim = pool.workers()[0]
+    victim.kill()
+    assert wait_until(lambda: pool.stats().worker_deaths == 1, 5), pool.stats()
+
+
+def test_workers_lost_together_are_declared_together(make_pool, tmp_path):
+    """Eight workers whose connections close while their jobs live on (a lost node):
+    their tasks run again within about LOST_GRACE, not after a wait of a second or more
+    per worker, one after the other (which made a node of 64 workers take minutes)."""
+    from scale_tasks import hang_up_once
+    pool = make_pool(8)
+    assert wait_until(lambda: pool.stats().alive == 8, 120), pool.stats()
+    started = time.monotonic()
+    results = pool.starmap(hang_up_once, [(str(tmp_path), i) for i in range(8)], chunksize=1)
+    elapsed = time.monotonic() - started
+    assert results == list(range(8))
+    assert pool.stats().worker_deaths == 8
+    assert elapsed < 6.0, elapsed  # one after the other: 8 x (1 s wait + kill + restart)
