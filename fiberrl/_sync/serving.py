@@ -30,6 +30,9 @@ from .connections import LABEL, ManagedConnection, codec, open_connection
 
 logger = logging.getLogger(__name__)
 
+#: where the proxy classes are public (and importable, for pickling by reference)
+_PUBLIC = "fiberrl.managers"
+
 Token = mp_managers.Token
 RemoteError = mp_managers.RemoteError
 State = mp_managers.State
@@ -367,7 +370,7 @@ class _FiberrlProxy:
 def _fiberrl_proxy(stdlib_type: type, extra: Optional[dict] = None) -> type:
     """``stdlib_type`` with fiberrl's connections (a class importable from this module)."""
     name = stdlib_type.__name__
-    cls = type(name, (_FiberrlProxy, stdlib_type), {"__module__": __name__, **(extra or {})})
+    cls = type(name, (_FiberrlProxy, stdlib_type), {"__module__": _PUBLIC, **(extra or {})})
     cls.__qualname__ = name
     return cls
 
@@ -421,7 +424,7 @@ def MakeProxyType(name: str, exposed: Any) -> type:
     cls = _auto_types.get(key)
     if cls is None:
         stdlib_type = mp_managers.MakeProxyType(name, exposed)
-        cls = type(name, (_FiberrlProxy, stdlib_type), {"__module__": __name__})
+        cls = type(name, (_FiberrlProxy, stdlib_type), {"__module__": _PUBLIC})
         _auto_types[key] = cls
     return cls
 
