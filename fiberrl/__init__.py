@@ -11,8 +11,9 @@ from typing import Any
 
 from .context import FiberContext, default_context
 from .errors import (AuthenticationError, BackendError, BufferTooShort, ConfigError,
-                     JobFailedError, ManagerConnectionError, OwnerGoneError, PoolTerminatedError,
-                     ProcessError, TaskDeserializationError, TaskRetryError, TimeoutError)
+                     ForgedMessageError, JobFailedError, ManagerConnectionError, OwnerGoneError,
+                     PoolTerminatedError, ProcessError, SharedMemoryHostError,
+                     TaskDeserializationError, TaskRetryError, TimeoutError)
 
 __version__ = "0.1.0"
 
@@ -20,7 +21,9 @@ _CONTEXT_NAMES = [name for name in dir(FiberContext) if not name.startswith("_")
 
 __all__ = sorted(set(_CONTEXT_NAMES) | {"FiberContext", "JobFailedError", "ManagerConnectionError",
                                         "OwnerGoneError", "ConfigError", "BackendError",
-                                        "__version__"})
+                                        "ForgedMessageError", "SharedMemoryHostError",
+                                        "PoolTerminatedError", "TaskRetryError",
+                                        "TaskDeserializationError", "__version__"})
 
 
 #: submodules reachable as attributes (``fiberrl.config.reset()``), imported on first use

@@ -155,7 +155,7 @@ def _run(args: argparse.Namespace) -> int:
     spec = JobSpec(command=[sys.executable, script, *args.args], name=f"main-{os.path.basename(script)}",
                    cpu=args.cpu, cwd=os.getcwd(), env=env)
     if args.mem:
-        from .resources import parse_mem
+        from ..resources import parse_mem
         spec.mem = parse_mem(args.mem)
     if name in ("docker", "kubernetes"):
         image = args.image or "fiberrl-worker:cpu"
