@@ -225,7 +225,7 @@ class FiberContext(_mp_context.BaseContext):
     def set_forkserver_preload(module_names: list) -> None:
         """Modules the local backend's fork server imports before it forks jobs (from
         the next server started; an import that fails is skipped), as in the stdlib."""
-        from .backends.forkserver_client import set_preload
+        from .backends.local.forkserver_client import set_preload
         set_preload(module_names)
 
     @staticmethod

@@ -17,7 +17,7 @@ def _children():
     return {p.pid: p for p in psutil.Process().children(recursive=True) if not _is_helper(p)}
 
 
-_HELPERS = ("fiberrl.backends.forkserver", "from multiprocessing.resource_tracker import main")
+_HELPERS = ("fiberrl.backends.local", "from multiprocessing.resource_tracker import main")
 
 
 def _is_helper(proc):

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 import fiberrl
-from fiberrl.backends.forkserver_client import ForkedJob, running_servers
+from fiberrl.backends.local.forkserver_client import ForkedJob, running_servers
 from fiberrl.backends.local import LocalBackend
 
 import pool_helpers
@@ -159,7 +159,7 @@ def test_ps_names_forked_jobs_and_not_the_server(server):
 _ABANDONING_PARENT = textwrap.dedent("""
     import os, sys, time
     import fiberrl
-    from fiberrl.backends.forkserver_client import running_servers
+    from fiberrl.backends.local.forkserver_client import running_servers
     def noop():
         pass
     if __name__ == "__main__":
@@ -200,7 +200,7 @@ def _has_module(queue, name):
 
 
 def test_set_forkserver_preload_imports_modules_in_the_next_server():
-    from fiberrl.backends import forkserver_client
+    from fiberrl.backends.local import forkserver_client
     fiberrl.set_forkserver_preload(["xml.dom.minidom", "no_such_module_anywhere"])
     forkserver_client.close_all()  # the next server starts with the preloads
     try:
@@ -229,7 +229,7 @@ def test_a_server_whose_parent_finished_before_its_preloads_exits_quietly():
     import subprocess
     import sys
     ours, theirs = socket.socketpair()
-    server = subprocess.Popen([sys.executable, "-m", "fiberrl.backends.forkserver",
+    server = subprocess.Popen([sys.executable, "-m", "fiberrl.backends.local",
                                str(theirs.fileno())], pass_fds=(theirs.fileno(),),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     theirs.close()

@@ -13,7 +13,7 @@ import fiberrl
 import backend_bindings
 import pool_helpers
 from fiberrl.backends.base import JobSpec, JobState
-from fiberrl.backends.kubernetes_pods import pod_manifest, pod_status
+from fiberrl.backends.kubernetes.pods import pod_manifest, pod_status
 
 SPEC = JobSpec(command=["/venv/bin/python", "-m", "fiberrl.spawn"], name="Pool-1-worker-2",
                env={"FIBERRL_HUB": "tcp://10.0.0.5:20001", "FIBERRL_SECRET": "ab" * 32,

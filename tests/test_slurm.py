@@ -19,8 +19,8 @@ import fiberrl
 import pool_helpers
 import slurm_cluster
 from fiberrl.backends.base import JobSpec, JobState
-from fiberrl.backends.slurm_jobs import parse_duration, status_of
-from fiberrl.backends import slurm_submit
+from fiberrl.backends.slurm.jobs import parse_duration, status_of
+from fiberrl.backends.slurm import submit as slurm_submit
 
 pytestmark = pytest.mark.slurm
 

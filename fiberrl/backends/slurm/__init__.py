@@ -37,11 +37,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
-from ..config import get_config
-from ..errors import BackendError
-from . import addresses, slurm_submit
-from .base import Backend, Job, JobInfo, JobSpec, JobState, JobStatus
-from .slurm_jobs import JobTable, parse_duration, run_slurm, status_of
+from ...config import get_config
+from ...errors import BackendError
+from .. import addresses
+from . import submit as slurm_submit
+from ..base import Backend, Job, JobInfo, JobSpec, JobState, JobStatus
+from .jobs import JobTable, parse_duration, run_slurm, status_of
 
 logger = logging.getLogger(__name__)
 
@@ -385,7 +386,7 @@ class SlurmBackend(Backend):
     def listen_host(self) -> str:
         """See :mod:`.addresses`; outside a job, the address of the default route (what
         other nodes reach)."""
-        from .._wire.sockets import default_listen_host
+        from ..._wire.sockets import default_listen_host
         return addresses.listen_host(self._listen_host, default_listen_host)
 
     def close(self) -> None:

@@ -300,7 +300,7 @@ def _exit(code: int) -> None:
 
 
 def main(argv: Tuple[str, ...] = tuple(sys.argv[1:])) -> None:
-    """``python -m fiberrl.backends.forkserver CONTROL_FD [MODULE...]``."""
+    """``python -m fiberrl.backends.local CONTROL_FD [MODULE...]`` (see ``__main__``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is for the parent and the jobs
     control = socket.socket(fileno=int(argv[0]))
     import importlib
@@ -314,7 +314,3 @@ def main(argv: Tuple[str, ...] = tuple(sys.argv[1:])) -> None:
     except OSError:
         return   # the parent finished before the preloads did: nothing to serve
     _Server(control).serve()
-
-
-if __name__ == "__main__":
-    main()

@@ -31,8 +31,8 @@ import re
 import shlex
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ..errors import ConfigError
-from .base import JobSpec
+from ...errors import ConfigError
+from ..base import JobSpec
 
 #: every fiberrl job's ``--comment`` starts with this, then the run's id (``fiberrl ps``)
 COMMENT_PREFIX = "fiberrl:"

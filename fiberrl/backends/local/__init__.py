@@ -1,7 +1,7 @@
 """The local backend: each job is a subprocess of this machine.
 
 Jobs that run fiberrl's own entry point (every ``Process`` and pool worker) are
-forked from a warm fork server (:mod:`fiberrl.backends.forkserver`) unless the
+forked from a warm fork server (:mod:`fiberrl.backends.local.forkserver`) unless the
 ``forkserver`` setting is off; other commands, and any job the server cannot take,
 are started with ``subprocess``. A job's stdout and stderr are pumped by one selector thread (``fiberrl-output``)
 to this process's own stdout/stderr, so ``print`` in a child shows up as it does
@@ -19,10 +19,10 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..config import get_config
-from ..errors import BackendError
-from . import addresses
-from .base import RUN_ENV, Backend, Job, JobInfo, JobSpec, JobState, JobStatus
+from ...config import get_config
+from ...errors import BackendError
+from .. import addresses
+from ..base import RUN_ENV, Backend, Job, JobInfo, JobSpec, JobState, JobStatus
 from .forkserver import MARKER_ENV, read_table
 from .forkserver_client import ForkedJob, fork_server, forkable
 

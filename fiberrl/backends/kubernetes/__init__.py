@@ -33,13 +33,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
-from ..config import get_config
-from ..errors import BackendError
-from .._wire.auth import SECRET_ENV, run_secret
-from .._wire.sockets import default_listen_host
-from . import addresses
-from .base import Backend, Job, JobInfo, JobSpec, JobState, JobStatus, run_id, user_name
-from .kubernetes_pods import (POD_IP_ENV, POD_NAME_ENV, POD_UID_ENV, SECRET_KEY, label_value,
+from ...config import get_config
+from ...errors import BackendError
+from ..._wire.auth import SECRET_ENV, run_secret
+from ..._wire.sockets import default_listen_host
+from .. import addresses
+from ..base import Backend, Job, JobInfo, JobSpec, JobState, JobStatus, run_id, user_name
+from .pods import (POD_IP_ENV, POD_NAME_ENV, POD_UID_ENV, SECRET_KEY, label_value,
                               pod_manifest, pod_name, pod_status)
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The parent's side of the local fork server (:mod:`fiberrl.backends.forkserver`).
+"""The parent's side of the local fork server (:mod:`fiberrl.backends.local.forkserver`).
 
 One :class:`ForkServer` per (process, interpreter path), started on first use and
 shared by every local backend of this process; :meth:`ForkServer.start_job` sends one
@@ -19,7 +19,7 @@ import subprocess
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..errors import ForkServerError
+from ...errors import ForkServerError
 from .forkserver import MARKER_ENV, MAX_FDS, MAX_REQUEST, READY
 
 logger = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class ForkServer:
         self._start_up = _start_up_env(os.environ)
         try:
             self.process = subprocess.Popen(
-                [python, "-m", "fiberrl.backends.forkserver", str(theirs.fileno()), *_preload],
+                [python, "-m", "fiberrl.backends.local", str(theirs.fileno()), *_preload],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
         except OSError:
             ours.close()

@@ -17,8 +17,8 @@ import signal
 import uuid
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ..errors import ConfigError
-from .base import JobSpec, JobState, JobStatus
+from ...errors import ConfigError
+from ..base import JobSpec, JobState, JobStatus
 
 SECRET_KEY = "secret"
 POD_IP_ENV = "FIBERRL_POD_IP"

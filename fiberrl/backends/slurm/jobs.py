@@ -19,8 +19,8 @@ import threading
 import time
 from typing import Dict, Iterable, List, Mapping, Optional
 
-from ..errors import BackendError
-from .base import JobState, JobStatus
+from ...errors import BackendError
+from ..base import JobState, JobStatus
 
 logger = logging.getLogger(__name__)
 
