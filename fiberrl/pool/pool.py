@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, List, Mapping, Optional
 from .. import reduction, resources
 from ..config import get_config
 from ..errors import PoolTerminatedError
+from .callbacks import CallbackRunner
 from .dispatch import Dispatcher
 from .limits import ensure_fd_room
 from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable
@@ -79,6 +80,7 @@ class _PoolCore:
         self.dispatcher = Dispatcher(f"{self.name}-{os.getpid()}-{id(self):x}",
                                      max_task_retries, heartbeat_timeout, idle_timeout, events)
         self.functions = FunctionTable(self.dispatcher.forget_function)
+        self.callbacks = CallbackRunner(self.name)
         self.buffers = BufferTable(self.dispatcher.forget_buffer, reduction.OUT_OF_BAND_MIN_BYTES)
         self.dispatcher.buffers = self.buffers
         self.dispatcher.target = processes
@@ -101,8 +103,11 @@ class _PoolCore:
             if thread.is_alive():
                 return False
         if self.dispatcher.reactor.in_loop():
-            return True   # a callback on the I/O loop: the dispatcher stops after it
-        return self.dispatcher.wait_stopped(timeout)
+            return True   # on the I/O loop itself: the dispatcher stops after it
+        if not self.dispatcher.wait_stopped(timeout):
+            return False
+        self.callbacks.stop(timeout)   # every result's callback has run
+        return True
 
 
 TERMINATE_WAIT = 15.0  # seconds terminate() waits for the workers to be gone

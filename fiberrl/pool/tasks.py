@@ -8,8 +8,9 @@ thread never pickles user objects. Large buffers stay views of the caller's obje
 the first time; one seen again becomes a shared entry, a snapshot sent once per
 worker (:mod:`.shared`).
 
-Result objects are filled by the pool's I/O thread through ``_set``; callbacks run
-in that thread, as in the stdlib (they should return quickly).
+Result objects are filled on the process's I/O loop through ``_set``; callbacks run on
+the pool's callback thread (:mod:`.callbacks`), one at a time, and a result with a
+callback becomes ready once its callback ran, as in the stdlib.
 """
 from __future__ import annotations
 
@@ -249,11 +250,19 @@ class ApplyResult(Call):
         raise self._value
 
     def _finish(self, ok: bool, value: Any) -> None:
-        if self._event.is_set():
+        if self._success is not None:   # finished already (a late abort, say)
             return
         self._success, self._value = ok, value
-        self._run_callback(self._callback if ok else self._error_callback, value)
-        self._event.set()
+        fn = self._callback if ok else self._error_callback
+        if fn is None:
+            self._event.set()
+            return
+
+        def call_back_then_ready() -> None:
+            self._run_callback(fn, value)
+            self._event.set()
+
+        self._core.callbacks.run(call_back_then_ready)
 
     def _set(self, index: int, ok: bool, value: Any) -> None:
         self._finish(ok, value)
