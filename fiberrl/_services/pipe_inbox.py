@@ -42,7 +42,7 @@ from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 from .._runtime.runtime import Runtime, existing_service, service
 from .._wire.auth import Verifier
 from .._wire.framing import FrameReader, Message
-from .._wire.sockets import Address, wait_for
+from .._wire.sockets import Address
 from .._wire.stream import Stream, open_stream
 from ..errors import ForgedMessageError
 
@@ -284,7 +284,7 @@ class Outbox:
 
     def hung_up(self) -> bool:
         """True once the inbox closed its end (one ``poll`` of no time)."""
-        return wait_for(self.stream.fileno(), timeout=0)
+        return self.stream.peer_hung_up()
 
     def close(self) -> None:
         """Close the stream."""

@@ -115,5 +115,5 @@ class Verifier:
         mac.update(_COUNTER.pack(self._count))
         for part in parts:
             mac.update(part)
-        if not hmac.compare_digest(mac.digest(), bytes(digest)):
+        if not hmac.compare_digest(mac.digest(), digest):
             raise ForgedMessageError("message failed authentication")

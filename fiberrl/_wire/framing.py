@@ -41,8 +41,8 @@ IOV_MAX = 64                  # pieces handed to one sendmsg call
 def encode(signer: Signer, kind: bytes, frames: Sequence[Any]) -> List[Any]:
     """Frame and sign one message; returns the pieces to write (large frames uncopied)."""
     if len(frames) == 1 and type(frames[0]) is bytes and len(frames[0]) < _ONE_PIECE:
-        head = _HEAD_ONE.pack(kind, 1, len(frames[0]))   # the common small message
-        return [head + frames[0] + signer.sign(head, frames[0])]
+        signed = _HEAD_ONE.pack(kind, 1, len(frames[0])) + frames[0]   # the common small message
+        return [signed + signer.sign(signed)]
     views = [f if type(f) is bytes else memoryview(f).cast("B") for f in frames]
     sizes = [len(v) if type(v) is bytes else v.nbytes for v in views]
     head = _HEAD.pack(kind, len(views)) + b"".join([_LEN.pack(n) for n in sizes])
@@ -153,9 +153,9 @@ class FrameReader:
                 size = _LEN.unpack_from(data, pos + _HEAD.size)[0]
                 signed_end = pos + _HEAD_ONE.size + size
                 if end >= signed_end + MAC_BYTES:
+                    # (one update over header and frame: the same digest as two)
                     self._verifier.check(data[signed_end:signed_end + MAC_BYTES],
-                                         data[pos:pos + _HEAD_ONE.size],
-                                         data[pos + _HEAD_ONE.size:signed_end])
+                                         data[pos:signed_end])
                     out.append((kind, [bytes(data[pos + _HEAD_ONE.size:signed_end])]))
                     pos = signed_end + MAC_BYTES
                     continue

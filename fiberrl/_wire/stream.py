@@ -25,7 +25,7 @@ from ..errors import AuthenticationError, ForgedMessageError, NotHereError
 from .auth import (NONCE_BYTES, PROOF_BYTES, Signer, Verifier, fresh_nonce, proofs, run_secret,
                    session_keys)
 from .framing import IOV_MAX, FrameReader, Message, drop_written, encode, write_all
-from .sockets import Address, connect, recv_exact, tune, wait_for
+from .sockets import Address, connect, recv_exact, tune
 
 OK, REFUSED, NOT_HERE = b"\x01", b"\x02", b"\x03"
 SETUP_TIMEOUT = 10.0
@@ -138,6 +138,11 @@ class Stream:
         self._pending: List[Message] = self._reader.pending()
         self._send_lock = threading.Lock()
         self.closed = False
+        # made once: a poll object per wait would cost more than the wait's syscall
+        self._readable = select.poll()
+        self._readable.register(sock.fileno(), select.POLLIN)
+        self._hangup = select.poll()
+        self._hangup.register(sock.fileno(), select.POLLRDHUP)
 
     def fileno(self) -> int:
         """The socket's descriptor (readable when a message or end of file is there)."""
@@ -156,7 +161,11 @@ class Stream:
             return True
         if self.closed:
             raise OSError("the stream is closed")
-        return wait_for(self.sock.fileno(), timeout=timeout)
+        return self._wait(timeout)
+
+    def _wait(self, timeout: Optional[float]) -> bool:
+        wait = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+        return bool(self._readable.poll(wait))
 
     def recv(self, timeout: Optional[float] = None) -> Optional[Message]:
         """The next message, or None after ``timeout`` seconds.
@@ -167,7 +176,7 @@ class Stream:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._pending:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not wait_for(self.sock.fileno(), timeout=wait):
+            if not self._wait(wait):
                 return None
             self._pending.extend(self._reader.read())
         return self._pending.pop(0)
@@ -177,10 +186,8 @@ class Stream:
         thread busy on a long call may ask without consuming anything."""
         if self.closed:
             return True
-        poller = select.poll()
-        poller.register(self.sock.fileno(), select.POLLRDHUP)
         return any(events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR)
-                   for _fd, events in poller.poll(0))
+                   for _fd, events in self._hangup.poll(0))
 
     def close(self) -> None:
         """Close the stream (the peer reads end of file)."""
