@@ -50,7 +50,7 @@ from . import reduction
 from ._runtime.rpc import client_for
 from ._wire.sockets import local_hostname
 from ._services.pipe_inbox import Inbox, LocalOutbox, Outbox, pipe_ends
-from ._services.pipe_registry import pipe_registry
+from ._services.pipe_registry import CLOSE, pipe_registry
 from .connection_wait import wait
 from .listener import CHALLENGE, Client, Listener, answer_challenge, deliver_challenge, families
 
@@ -59,7 +59,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["Client", "Listener", "Pipe", "wait", "Connection", "answer_challenge",
            "deliver_challenge"]
 
-_OBJECT, _BYTES, _CLOSE = b"o", b"b", b"c"
+_OBJECT, _BYTES, _CLOSE = b"o", b"b", CLOSE
 _LOOKUP_INTERVAL = 0.2
 _SIGNED_BYTES = 1 << 16   # send_bytes payloads below this are covered by the MAC
 _SEND_ATTEMPTS = 3

@@ -33,7 +33,7 @@ from .._wire.sockets import local_hostname
 
 logger = logging.getLogger(__name__)
 
-_CLOSE = b"c"   # the close marker of fiberrl.connection
+CLOSE = b"c"   #: the marker a closing end sends (fiberrl.connection uses it too)
 
 
 class _End:
@@ -129,7 +129,7 @@ class PipeRegistry:
                           body=[frame for _, frames in mail for frame in frames])
         elif op == "mail":
             loc = end.location()
-            if request.args[2] == _CLOSE and peer.copies() == 0:
+            if request.args[2] == CLOSE and peer.copies() == 0:
                 peer.closed = True   # the sender's end closed its only, never used copy
             if loc is not None:
                 request.reply("peer", loc)

@@ -126,27 +126,36 @@ class Hello:
         self.sock.send(reply)
 
 
-class Stream:
-    """A blocking, authenticated stream: ``send`` from any thread, ``recv`` from one."""
+class _Authenticated:
+    """What both ends of a set-up stream hold: the non-blocking socket, the signer of
+    what this side sends and the reader (and verifier) of what it receives."""
 
     def __init__(self, sock: socket.socket, send_key: bytes, recv_key: bytes,
-                 initial: bytes = b"") -> None:
+                 initial: bytes) -> None:
         sock.setblocking(False)
         self.sock = sock
         self._signer = Signer(send_key)
         self._reader = FrameReader(sock, Verifier(recv_key), initial)
+        self.closed = False
+
+    def fileno(self) -> int:
+        """The socket's descriptor."""
+        return self.sock.fileno()
+
+
+class Stream(_Authenticated):
+    """A blocking, authenticated stream: ``send`` from any thread, ``recv`` from one."""
+
+    def __init__(self, sock: socket.socket, send_key: bytes, recv_key: bytes,
+                 initial: bytes = b"") -> None:
+        super().__init__(sock, send_key, recv_key, initial)
         self._pending: List[Message] = self._reader.pending()
         self._send_lock = threading.Lock()
-        self.closed = False
         # made once: a poll object per wait would cost more than the wait's syscall
         self._readable = select.poll()
         self._readable.register(sock.fileno(), select.POLLIN)
         self._hangup = select.poll()
         self._hangup.register(sock.fileno(), select.POLLRDHUP)
-
-    def fileno(self) -> int:
-        """The socket's descriptor (readable when a message or end of file is there)."""
-        return self.sock.fileno()
 
     def send(self, kind: bytes, frames: Sequence[Any] = ()) -> None:
         """Sign and write one message (blocks until the kernel has taken it);
@@ -202,7 +211,7 @@ class Stream:
             self.close()
 
 
-class Channel:
+class Channel(_Authenticated):
     """The event-loop side of an authenticated stream (non-blocking).
 
     :meth:`on_readable` returns the messages that arrived and raises ``EOFError``
@@ -213,18 +222,10 @@ class Channel:
 
     def __init__(self, sock: socket.socket, send_key: bytes, recv_key: bytes,
                  initial: bytes = b"") -> None:
-        sock.setblocking(False)
-        self.sock = sock
-        self._signer = Signer(send_key)
-        self._reader = FrameReader(sock, Verifier(recv_key), initial)
+        super().__init__(sock, send_key, recv_key, initial)
         self._early = self._reader.pending()
         self._out: List[Any] = []
         self._lock = threading.Lock()
-        self.closed = False
-
-    def fileno(self) -> int:
-        """The socket's descriptor."""
-        return self.sock.fileno()
 
     @property
     def wants_write(self) -> bool:
