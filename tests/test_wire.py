@@ -5,6 +5,7 @@ import queue
 import select
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from fiberrl._runtime.runtime import runtime
 from fiberrl._wire.auth import Signer
 from fiberrl._wire.framing import encode
+from fiberrl._wire.spin import worth_spinning
 from fiberrl._wire.stream import Channel, NotHereError, open_stream
 from fiberrl.errors import AuthenticationError
 
@@ -107,3 +109,24 @@ def test_streams_on_one_host_use_the_unix_socket(served):
     assert stream.sock.family == socket.AF_UNIX
     stream.close()
     channels.get(timeout=10).close()
+
+
+def test_a_spinning_stream_still_sleeps_and_times_out_and_gets_late_replies(served):
+    """recv spins briefly for a prompt reply (issue 20's manager latency), but a wait
+    with a timeout still ends on time, a reply that comes after the spin still
+    arrives, and a slow peer switches the spin off until replies are prompt again."""
+    address, channels = served
+    stream = open_stream(address, "test-wire")
+    stream.spin = 0.002
+    channel = channels.get(timeout=10)
+    started = time.perf_counter()
+    assert stream.recv(timeout=0.05) is None
+    assert 0.04 <= time.perf_counter() - started < 2.0
+    threading.Timer(0.1, channel.send, (b"x", [b"late"])).start()
+    assert stream.recv(timeout=10) == (b"x", [b"late"])
+    assert not worth_spinning(stream._last_wait, stream.spin)   # ~0.1 s: a slow peer
+    channel.send(b"x", [b"prompt"])
+    assert stream.recv(timeout=10) == (b"x", [b"prompt"])
+    assert worth_spinning(stream._last_wait, stream.spin)
+    stream.close()
+    channel.close()

@@ -19,18 +19,13 @@ An inbox waits on one epoll set (its streams, a wake-up pipe for senders in this
 process, and optionally the end's own outbox, whose stream breaking is news too), so
 ``fileno()`` of a ``Connection`` is an honest, pollable descriptor.
 
-Waiting spins a little before it sleeps. Waking a process that sleeps on another
-core costs ~40 us on a VM (the core's idle exit and an inter-processor interrupt),
-several times a short message's whole round trip. So a receiver first polls the set
-without blocking for up to ``spin_wait_us``, yielding its core between polls (a peer
-on the same core then runs at once), and sleeps only if nothing came. The spin is
-adaptive: after a wait that took longer than twice the spin, the next wait sleeps at
-once, so a slow peer (an environment step, a long computation) costs no polling.
+Waiting spins a little before it sleeps, adaptively (:mod:`fiberrl._wire.spin`
+says why and how), so a slow peer (an environment step, a long computation) costs
+no polling.
 """
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import os
 import select
@@ -43,6 +38,7 @@ from .._runtime.runtime import Runtime, existing_service, service
 from .._wire.auth import Verifier
 from .._wire.framing import FrameReader, Message
 from .._wire.sockets import Address
+from .._wire.spin import spin_budget, worth_spinning
 from .._wire.stream import Stream, open_stream
 from ..errors import ForgedMessageError
 
@@ -50,25 +46,11 @@ logger = logging.getLogger(__name__)
 
 
 
-def _spin_budget() -> float:
-    """Seconds a waiting receiver polls before it sleeps (0 on a single CPU)."""
-    from ..config import get_config
-    return get_config().spin_wait_us * 1e-6 if _several_cpus() else 0.0
-
-
-@functools.lru_cache(maxsize=None)
-def _several_cpus() -> bool:
-    """Whether this process may run on more than one CPU (else spinning only delays
-    the peer it waits for)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (cpus or 1) > 1
-
-
 class Inbox:
     """The receiving side of one active pipe end: streams, local deliveries, wake-ups."""
 
     def __init__(self) -> None:
-        self._spin = _spin_budget()
+        self._spin = spin_budget()
         self._last_wait = 0.0   # seconds the last wait that brought messages took
         self._epoll = select.epoll()
         self._wake_r, self._wake_w = os.pipe()
@@ -167,7 +149,7 @@ class Inbox:
 
     def _poll(self, timeout: float, started: float) -> List[Tuple[int, int]]:
         """The epoll set's events within ``timeout`` s, spinning first (module doc)."""
-        if timeout <= 0 or not self._spin or self._last_wait > 2 * self._spin:
+        if timeout <= 0 or not worth_spinning(self._last_wait, self._spin):
             return self._epoll.poll(timeout)
         spin_until = started + min(self._spin, timeout)
         while True:

@@ -23,6 +23,7 @@ from multiprocessing import util as mp_util
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from .. import reduction
+from .._wire.spin import spin_budget
 from .._wire.stream import NotHereError, Stream, open_stream
 from ..errors import ManagerConnectionError
 
@@ -69,6 +70,7 @@ class ManagedConnection:
 
     def __init__(self, stream: Stream, serializer: str) -> None:
         self.stream = stream
+        stream.spin = spin_budget()   # a request's reply, or a client's next call, comes soon
         self._encode, self._decode = codec(serializer)
         self.said_goodbye = False
 

@@ -15,6 +15,7 @@ The set-up and the message format are described in :mod:`fiberrl._wire.auth` and
 from __future__ import annotations
 
 import hmac
+import os
 import select
 import socket
 import threading
@@ -26,6 +27,7 @@ from .auth import (NONCE_BYTES, PROOF_BYTES, Signer, Verifier, fresh_nonce, proo
                    session_keys)
 from .framing import IOV_MAX, FrameReader, Message, drop_written, encode, write_all
 from .sockets import Address, connect, recv_exact, tune
+from .spin import worth_spinning
 
 OK, REFUSED, NOT_HERE = b"\x01", b"\x02", b"\x03"
 SETUP_TIMEOUT = 10.0
@@ -144,11 +146,17 @@ class _Authenticated:
 
 
 class Stream(_Authenticated):
-    """A blocking, authenticated stream: ``send`` from any thread, ``recv`` from one."""
+    """A blocking, authenticated stream: ``send`` from any thread, ``recv`` from one.
+
+    ``spin`` seconds (0 by default): how long ``recv`` polls before it sleeps, for a
+    conversation of requests and prompt replies (:mod:`fiberrl._wire.spin`).
+    """
 
     def __init__(self, sock: socket.socket, send_key: bytes, recv_key: bytes,
-                 initial: bytes = b"") -> None:
+                 initial: bytes = b"", spin: float = 0.0) -> None:
         super().__init__(sock, send_key, recv_key, initial)
+        self.spin = spin
+        self._last_wait = 0.0   # seconds the last recv that had to wait waited
         self._pending: List[Message] = self._reader.pending()
         self._send_lock = threading.Lock()
         # made once: a poll object per wait would cost more than the wait's syscall
@@ -182,13 +190,29 @@ class Stream(_Authenticated):
         ``EOFError`` when the stream ended (``ForgedMessageError`` when the peer sent
         something that failed authentication; the stream is then useless).
         """
+        if self._pending:
+            return self._pending.pop(0)
+        started = time.perf_counter()
+        if timeout != 0 and worth_spinning(self._last_wait, self.spin):
+            self._spin_read(started, self.spin if timeout is None else min(self.spin, timeout))
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._pending:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not self._wait(wait):
                 return None
             self._pending.extend(self._reader.read())
+        self._last_wait = time.perf_counter() - started
         return self._pending.pop(0)
+
+    def _spin_read(self, started: float, budget: float) -> None:
+        """Try to read for up to ``budget`` seconds without sleeping, yielding the core
+        between tries."""
+        until = started + budget
+        while True:
+            self._pending.extend(self._reader.read())
+            if self._pending or time.perf_counter() >= until:
+                return
+            os.sched_yield()
 
     def peer_hung_up(self) -> bool:
         """True once the peer closed its end; ignores messages it sent ahead, so a
