@@ -144,8 +144,12 @@ def dumps(obj: Any) -> Frames:
         buffers.append(view)
         return False
 
-    if type(obj) in _SCALAR_TYPES:  # the common small message: no buffers to keep out
+    kind = type(obj)
+    if kind in _SCALAR_TYPES:  # the common small message: no buffers to keep out
         return [pickle.dumps(obj, protocol=5)]
+    if (kind is list or kind is tuple) and len(obj) <= 8 \
+            and all([type(item) in _SCALAR_TYPES for item in obj]):
+        return [pickle.dumps(obj, protocol=5)]   # a chunk or arguments of a few scalars
     if _is_plain(obj):
         stream = pickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
     else:

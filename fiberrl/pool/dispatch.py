@@ -303,7 +303,7 @@ class Dispatcher:
         self._make_hungry(link)
 
     def _finish_task(self, task: Task, ok: bool, value: Any, seconds: float) -> None:
-        if self.buffers is not None:
+        if self.buffers is not None and len(task.frames) > 1:   # one frame: nothing shared
             self.buffers.release(task.frames)
         try:
             task.call._task_done(task, ok, value, seconds)

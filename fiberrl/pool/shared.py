@@ -155,6 +155,8 @@ class LinkCache:
         key of an entry sent by reference: one the worker holds, or one other tasks use
         too (it joins the worker's cache: ``new``). An entry only this task uses goes inline.
         """
+        if len(frames) == 1:
+            return (), [], 0   # the common small task: no buffers at all
         layout, refs = [], []
         for frame in frames[1:]:
             if type(frame) is not SharedBuffer:
