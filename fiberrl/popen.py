@@ -23,6 +23,7 @@ import pickle
 import secrets
 import sys
 import threading
+import time
 import weakref
 from multiprocessing import context as _mp_context
 from multiprocessing import util as _mp_util
@@ -109,7 +110,8 @@ class Popen:
         self.reason = ""
         self.reported_exit: Optional[int] = None
         self.job = None
-        self.pid: Optional[int] = None
+        self._pid: Optional[int] = None
+        self._said_hello = threading.Event()
         self._hello_host: Optional[str] = None
         self._write_fd: Optional[int] = None
         self._lock = threading.Lock()
@@ -158,7 +160,7 @@ class Popen:
     def _launched(self, job) -> None:
         """The backend accepted the job: hand over the sentinel and arm the start timeout."""
         if job.pid is not None:
-            self.pid = job.pid
+            self._pid = job.pid
         if self._hello_host is not None:
             job.host = self._hello_host
         self.job = job
@@ -191,12 +193,30 @@ class Popen:
     def _on_hello(self, pid: int, host: str) -> None:  # the I/O loop
         # In a batch, a job may say hello before the backend has returned every handle.
         self._hello_host = host
-        if self.pid is None:
-            self.pid = pid
+        if self._pid is None:
+            self._pid = pid
+        self._said_hello.set()
         if self.job is not None:
             self.job.host = host
 
     # -- the stdlib Popen protocol ------------------------------------------------
+    @property
+    def pid(self) -> Optional[int]:
+        """The job's process id on its host.
+
+        A backend that starts jobs elsewhere learns it when the job connects back, so
+        the first read waits for that (at most the start timeout, and not past the
+        job's end), as the stdlib's ``pid`` is known once ``start()`` returned. On
+        another host it names a process there, not here, and need not differ from
+        the pid of a job on a third host.
+        """
+        if self._pid is None and self.job is not None and not self._said_hello.is_set():
+            deadline = time.monotonic() + get_config().start_timeout
+            while (not self._said_hello.wait(0.2) and self.poll() is None
+                   and time.monotonic() < deadline):
+                pass
+        return self._pid
+
     def poll(self, flag: int = os.WNOHANG) -> Optional[int]:
         """Exit code if the job has finished, else None."""
         if self.returncode is None and self.job is not None:

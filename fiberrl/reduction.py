@@ -85,10 +85,15 @@ def _code_reduce_keeping_filename(code: types.CodeType) -> Any:
 
 
 def _reduce_stdlib_connection(conn: Any) -> Any:
-    """A stdlib ``Connection`` travels by lending its descriptor (same host only)."""
-    from ._services.fd_sharing import lend
+    """A stdlib ``Connection`` travels by lending its descriptor on this host, and is
+    relayed to a job of a backend that does not share this host."""
+    from ._services.fd_sharing import lend, receiver
     if conn.closed:
         raise OSError(f"cannot send a closed {type(conn).__name__}")
+    token, same_host = receiver()
+    if not same_host:
+        from ._services.connection_relay import rebuild, relay
+        return rebuild, (*relay(conn, token), conn.readable, conn.writable)
     return _rebuild_stdlib_connection, (*lend(conn.fileno(), "a stdlib Connection"),
                                         conn.readable, conn.writable)
 

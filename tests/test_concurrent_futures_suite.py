@@ -8,6 +8,7 @@ file next to ``cf_suite`` so that jobs can import the functions its tasks name.
 Measured here (2 shared cores, local backend): 59 tests; the stdlib with spawn passes
 56, skips 2 and fails 1 (``test_interpreter_shutdown``, below); on fiberrl the same.
 """
+import json
 import os
 import re
 import shutil
@@ -41,11 +42,12 @@ def _source():
                 f"libpython{ver}-testsuite)")
 
 
-def _run(tmp_path, context):
+def _run(tmp_path, context, classes=(), **env_extra):
     shutil.copy(_source(), tmp_path / "test_concurrent_futures.py")
-    env = dict(os.environ, FIBERRL_CF_CONTEXT=context,
+    env = dict(os.environ, CF_SUITE_CONTEXT=context, **env_extra,
                PYTHONPATH=os.pathsep.join([str(tmp_path), os.path.join(HERE, "cpython_suite")]))
-    run = subprocess.run([sys.executable, "-m", "unittest", "-v", "cf_suite"], env=env,
+    names = [f"cf_suite.{name}" for name in classes] or ["cf_suite"]
+    run = subprocess.run([sys.executable, "-m", "unittest", "-v", *names], env=env,
                          cwd=tmp_path, capture_output=True, text=True, timeout=850)
     failed = {f"{cls}.{test}" for test, cls in re.findall(
         r"^(?:ERROR|FAIL): (\w+) \(test_concurrent_futures\.(\w+)\.", run.stderr, re.M)}
@@ -57,3 +59,23 @@ def test_process_pool_tests_on_fiberrl(tmp_path):
     run, failed, ran = _run(tmp_path, "fiberrl")
     assert ran >= 50, run.stderr[-3000:]
     assert sorted(failed - set(EXPECTED_FAILURES)) == [], run.stderr[-6000:]
+
+
+@pytest.mark.slurm
+def test_submit_map_and_crash_classes_on_slurm(tmp_path):
+    """The executor's submit/map tests and its crash (deadlock) tests with every worker a
+    Slurm job: the stdlib's call queue reaches them through fiberrl's connection relay,
+    and ``Process.pid`` is known once ``start()`` returned (the executor keys its
+    workers by it)."""
+    import slurm_cluster
+    conf = slurm_cluster.up("single")
+    logs = tmp_path / "slurm-logs"
+    logs.mkdir()
+    run, failed, ran = _run(tmp_path, "fiberrl",
+                            ("ProcessPoolSpawnProcessPoolExecutorTest",
+                             "ProcessPoolSpawnExecutorDeadlockTest"),
+                            FIBERRL_BACKEND="slurm", SLURM_CONF=conf,
+                            FIBERRL_EXTRA=json.dumps({"slurm_log_dir": str(logs)}))
+    assert ran >= 30, run.stderr[-3000:]
+    assert sorted(failed) == [], run.stderr[-6000:]
+    slurm_cluster.assert_no_live_jobs(conf)

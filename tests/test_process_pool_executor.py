@@ -77,3 +77,27 @@ def test_functions_of_the_main_script(tmp_path):
                           timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "[0, 3, 6, 9, 12]"
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_on_slurm_workers_are_jobs_and_a_crash_breaks_the_pool(tmp_path):
+    """On a backend whose jobs may run on other hosts, the executor's call queue (an OS
+    pipe of the stdlib's ``Queue``) reaches its workers through fiberrl's relay."""
+    import backend_bindings
+    with backend_bindings.bound("slurm", tmp_path):
+        with ProcessPoolExecutor(2, mp_context=fiberrl.get_context()) as executor:
+            assert list(executor.map(_square, range(12), chunksize=5)) == [x * x for x in range(12)]
+            assert executor.submit(_square, 9).result(timeout=120) == 81
+            ids = [p.job_id for p in executor._processes.values()]
+            assert ids and all(i.split("_")[0].isdigit() for i in ids), ids   # Slurm's job ids
+        with pytest.raises(ValueError, match="bad input"):
+            with ProcessPoolExecutor(1, mp_context=fiberrl.get_context()) as executor:
+                executor.submit(_fail, "bad input").result(timeout=120)
+        executor = ProcessPoolExecutor(2, mp_context=fiberrl.get_context())
+        try:
+            assert executor.submit(_square, 3).result(timeout=120) == 9
+            with pytest.raises(BrokenProcessPool):
+                executor.submit(_die).result(timeout=120)
+        finally:
+            executor.shutdown(wait=True)

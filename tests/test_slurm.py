@@ -135,6 +135,26 @@ def test_failed_job_reason_and_log(slurm):
     assert "last words of the job" in proc.job_logs()
 
 
+def _report_pid(queue):
+    queue.put(os.getpid())
+
+
+def test_pid_is_known_once_start_returns(slurm):
+    """As with the stdlib (concurrent.futures keys its workers by pid): the first read
+    waits for the job to connect back, and gives its pid on its node."""
+    queue = fiberrl.SimpleQueue()
+    procs = [fiberrl.Process(target=_report_pid, args=(queue,)) for _ in range(3)]
+    for proc in procs:
+        proc.start()
+    pids = [proc.pid for proc in procs]
+    assert all(isinstance(pid, int) and pid > 0 for pid in pids), pids
+    assert sorted(queue.get() for _ in procs) == sorted(pids)
+    for proc in procs:
+        proc.join(60)
+    never_started = fiberrl.Process(target=print)
+    assert never_started.pid is None
+
+
 def test_impossible_request_fails_at_submit_with_slurms_message(slurm, make_pool):
     proc = fiberrl.Process(target=print, cpu=512)
     with pytest.raises(fiberrl.errors.BackendError,

@@ -79,12 +79,10 @@ def _reply_on(conn):
 
 @pytest.mark.any_backend
 def test_stdlib_connection_sent_to_a_job():
+    """On this host the job borrows the descriptor; on a backend whose jobs may run on
+    other hosts the connection is relayed (fiberrl/_services/connection_relay.py)."""
     a, b = multiprocessing.Pipe()
     proc = fiberrl.Process(target=_reply_on, args=(b,))
-    if not default_backend().shares_host:
-        with pytest.raises(TypeError, match="file descriptor of this host"):
-            proc.start()
-        return
     proc.start()
     try:
         a.send("hello")

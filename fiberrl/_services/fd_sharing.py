@@ -21,7 +21,8 @@ byte and ancillary data (or text), never unpickled. A ticket is taken once. Tick
 lent while pickling a process for a job are closed when that job ends; others (an
 object put on a queue) live until taken or until this process exits, as with the
 stdlib's ``resource_sharer``. Sending to a job of a backend that does not share this
-host raises at once, when the process is pickled.
+host raises at once, when the process is pickled, except for a stdlib ``Connection``, which
+is relayed there instead (:mod:`fiberrl._services.connection_relay`).
 """
 from __future__ import annotations
 
@@ -125,19 +126,27 @@ def lender() -> FdLender:
     return service("fd-lender", FdLender)
 
 
+def receiver() -> Tuple[Optional[str], bool]:
+    """``(token, shares this host)`` of the job whose process is being pickled (no token,
+    and True, when the object is pickled for anything else, such as a queue)."""
+    from .._runtime.jobenv import shipping_token
+    token = shipping_token()
+    if token is None:
+        return None, True
+    from ..backends import default_backend
+    return token, default_backend().shares_host
+
+
 def _check_same_host(what: str) -> Optional[str]:
     """The token of the job being pickled for; ``TypeError`` when that job's backend
     does not share this host."""
-    from .._runtime.jobenv import shipping_token
-    token = shipping_token()
-    if token is not None:
+    token, same_host = receiver()
+    if not same_host:
         from ..backends import default_backend
-        backend = default_backend()
-        if not backend.shares_host:
-            raise TypeError(
-                f"cannot send {what} to a job of the {backend.name!r} backend: it is a file "
-                "descriptor of this host and the job may run on another one; use "
-                "fiberrl.Pipe() or fiberrl.Queue(), which work across hosts")
+        raise TypeError(
+            f"cannot send {what} to a job of the {default_backend().name!r} backend: it is a "
+            "file descriptor of this host and the job may run on another one; use "
+            "fiberrl.Pipe() or fiberrl.Queue(), which work across hosts")
     return token
 
 

@@ -1,5 +1,5 @@
 """CPython 3.11's ``test_concurrent_futures`` process-pool tests, with the spawn
-flavour's ``mp_context`` bound to fiberrl's context (``FIBERRL_CF_CONTEXT=spawn`` keeps
+flavour's ``mp_context`` bound to fiberrl's context (``CF_SUITE_CONTEXT=spawn`` keeps
 the stdlib's spawn context, for the baseline).
 
 The test module is Debian's ``libpython3.11-testsuite`` file, copied by the runner
@@ -12,7 +12,7 @@ import os
 import fiberrl
 import test_concurrent_futures as _cpython
 
-if os.environ.get("FIBERRL_CF_CONTEXT", "fiberrl") == "fiberrl":
+if os.environ.get("CF_SUITE_CONTEXT", "fiberrl") == "fiberrl":
     def _fiberrl_context(self):
         return fiberrl.get_context()
     _cpython.ProcessPoolSpawnMixin.get_context = _fiberrl_context
