@@ -19,7 +19,7 @@ import pickle
 import socket
 import types
 from collections import ChainMap
-from typing import Any, List, Sequence, Union
+from typing import Any, List, Optional, Sequence, Union
 
 import cloudpickle
 from multiprocessing import connection as _mp_connection
@@ -228,12 +228,45 @@ def describe_unpicklable(obj: Any, exc: BaseException) -> str:
 
 
 # -- the stdlib's names (multiprocessing.reduction) -----------------------------------------
+from multiprocessing import reduction as _mp_reduction  # noqa: E402
 from multiprocessing.reduction import (ACKNOWLEDGE, HAVE_SEND_HANDLE,  # noqa: E402
-                                       AbstractReducer, recv_handle, recvfds, send_handle,
-                                       sendfds)
+                                       AbstractReducer, recvfds, sendfds)
 
-_socket_level = (ACKNOWLEDGE, HAVE_SEND_HANDLE, AbstractReducer, recv_handle, recvfds,
-                 send_handle, sendfds)  # fd passing over a Unix socket: the stdlib's, one host
+_socket_level = (ACKNOWLEDGE, HAVE_SEND_HANDLE, AbstractReducer, recvfds,
+                 sendfds)  # fd passing over a Unix socket: the stdlib's, one host
+
+
+class _LentHandle(tuple):
+    """What :func:`send_handle` sends on a fiberrl connection: ``(address, ticket)``."""
+
+
+def send_handle(conn: Any, handle: int, destination_pid: Optional[int]) -> None:
+    """Send the file descriptor ``handle`` over ``conn`` (the stdlib's function).
+
+    On a stdlib connection (a Unix socket) it is the stdlib's ``SCM_RIGHTS`` transfer.
+    On a fiberrl ``Connection``, which is not a descriptor of a socket, the descriptor
+    is lent (:mod:`fiberrl._services.fd_sharing`) and its ticket sent as one message;
+    :func:`recv_handle` borrows it. Both ends must be on one host: elsewhere
+    ``recv_handle`` raises ``OSError`` saying so.
+    """
+    if isinstance(conn, _mp_connection._ConnectionBase):
+        _mp_reduction.send_handle(conn, handle, destination_pid)
+        return
+    from ._services.fd_sharing import lend
+    conn.send(_LentHandle(lend(handle, "a file descriptor")))
+
+
+def recv_handle(conn: Any) -> int:
+    """Receive a file descriptor sent with :func:`send_handle` (a new descriptor of this
+    process). ``RuntimeError`` if the message received carries none."""
+    if isinstance(conn, _mp_connection._ConnectionBase):
+        return _mp_reduction.recv_handle(conn)
+    message = conn.recv()
+    if type(message) is not _LentHandle:
+        raise RuntimeError(f"received {type(message).__name__!r} where a file descriptor "
+                           "sent with send_handle() was expected")
+    from ._services.fd_sharing import borrow
+    return borrow(*message)
 
 
 class ForkingPickler(_Pickler):

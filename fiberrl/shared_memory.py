@@ -46,11 +46,30 @@ def _untrack(name: str) -> None:
         pass
 
 
+#: the stdlib module's constants, which code written for it reads
+_SHM_NAME_PREFIX = _mp_shared_memory._SHM_NAME_PREFIX
+_USE_POSIX = _mp_shared_memory._USE_POSIX
+
+
+def _make_filename() -> str:
+    """A fresh random block name, as the stdlib module's helper of the same name makes
+    (looked up here at each creation, so code that replaces it sees its names used)."""
+    return _mp_shared_memory._make_filename()
+
+
 class SharedMemory(_mp_shared_memory.SharedMemory):
     """The stdlib's ``SharedMemory(name=None, create=False, size=0)``, picklable to jobs."""
 
     def __init__(self, name: Optional[str] = None, create: bool = False, size: int = 0) -> None:
-        super().__init__(name, create, size)
+        if name is None and create and size > 0:
+            while True:   # as the stdlib: a name that exists already is skipped
+                try:
+                    super().__init__(_make_filename().lstrip("/"), True, size)
+                    break
+                except FileExistsError:
+                    continue
+        else:
+            super().__init__(name, create, size)
         self.host = socket.gethostname()
         if not create:
             _untrack(self._name)
@@ -142,16 +161,25 @@ class SharedMemoryManager(managers.BaseManager):
             stop_server()
         self.shutdown = shutdown
 
+    def _started_tracker(self) -> Any:
+        tracker = getattr(self, "_tracker", None)
+        if tracker is None:
+            raise ValueError("the SharedMemoryManager is not running: call start() first "
+                             "(or use it in a with statement)")
+        return tracker
+
     def SharedMemory(self, size: int) -> SharedMemory:  # noqa: N802 - the stdlib's name
         """A new block of ``size`` bytes, unlinked when the manager shuts down."""
+        tracker = self._started_tracker()
         block = SharedMemory(None, create=True, size=size)
-        self._tracker.track(block.name, block.host)
+        tracker.track(block.name, block.host)
         return block
 
     def ShareableList(self, sequence: Iterable[Any]) -> ShareableList:  # noqa: N802
         """A new ``ShareableList`` of ``sequence``, unlinked when the manager shuts down."""
+        tracker = self._started_tracker()
         shared = ShareableList(sequence)
-        self._tracker.track(shared.shm.name, shared.host)
+        tracker.track(shared.shm.name, shared.host)
         return shared
 
 

@@ -6,11 +6,9 @@ The run is a subprocess (the aliasing lasts a whole process). It proves the mapp
 tripwires on the stdlib's Process/Queue/SimpleQueue/JoinableQueue/Pool classes write
 to a file if any is created, in the runner or in a job, and the file must stay empty.
 
-Measured here (2 shared cores, local backend), on the classes in ``CLASSES``: 113
-tests, 105 pass, 2 skipped, 6 errors, all in ``EXPECTED_FAILURES`` below. The full
-module (threads and manager flavours, connection tests) has not been run end to end
-yet: tests needing ``connection.wait`` on fiberrl connections, ``Listener``/``Client``
-or fd passing fail with "comes with the new wire" until the lead's part lands.
+Every failure left is in ``EXPECTED_FAILURES`` below with its reason: each reads or
+writes a private detail of the stdlib's own objects. The manager flavour runs in
+``tests/test_conformance_managers.py``.
 """
 import os
 import re
@@ -33,9 +31,10 @@ CLASSES = ("WithProcessesTestProcess", "WithProcessesTestSubclassingProcess",
            "WithProcessesTestConnection", "WithProcessesTestListener",
            "WithProcessesTestListenerClient", "WithProcessesTestPoll",
            "WithProcessesTestPicklingConnections", "TestWait", "OtherTest", "TestInvalidHandle",
-           # the thread flavour (fiberrl.dummy); its Process, Queue, Lock, Semaphore,
-           # Condition, Event and Barrier classes together hung once, not bisected yet
-           "WithThreadsTestConnection", "WithThreadsTestPoll",
+           # the thread flavour (fiberrl.dummy)
+           "WithThreadsTestProcess", "WithThreadsTestQueue", "WithThreadsTestLock",
+           "WithThreadsTestSemaphore", "WithThreadsTestCondition", "WithThreadsTestEvent",
+           "WithThreadsTestBarrier", "WithThreadsTestConnection", "WithThreadsTestPoll",
            "WithThreadsTestListenerClient", "WithThreadsTestPool")
 
 #: test id -> why it fails on fiberrl (flip to passing when the reason goes away)
@@ -44,17 +43,10 @@ EXPECTED_FAILURES = {
         "private _sleeping_count semaphore; fiberrl's condition lives in a service",
     "WithProcessesTestCondition.test_notify_all": "as test_notify",
     "WithProcessesTestCondition.test_notify_n": "as test_notify",
-    "WithProcessesTestSharedMemory.test_shared_memory_basics": "patches the stdlib module's "
-        "private _make_filename on multiprocessing.shared_memory (fiberrl's module)",
-    "WithProcessesTestSharedMemory.test_shared_memory_recreate": "as test_shared_memory_basics",
-    "WithProcessesTestSharedMemory.test_shared_memory_SharedMemoryManager_basics":
-        "NOT UNDERSTOOD YET: SharedMemoryManager has no _tracker in one path of the test "
-        "(a manager used before start()?)",
-    "WithProcessesTestConnection.test_fd_transfer": "reduction.send_handle/recv_handle "
-        "over a fiberrl Pipe: they need a Unix socket, and fiberrl's pipe ends are not "
-        "descriptors (fiberrl._services.fd_sharing lends descriptors of stdlib connections instead)",
-    "WithProcessesTestConnection.test_large_fd_transfer": "as test_fd_transfer",
-    "WithProcessesTestConnection.test_missing_fd_transfer": "as test_fd_transfer",
+    "WithProcessesTestConnection.test_missing_fd_transfer": "the child writes a raw byte "
+        "to conn.fileno() and expects recv_handle to find no descriptor in it: a fiberrl "
+        "Connection's fileno() is a pollable descriptor, not the pipe's socket "
+        "(send_handle/recv_handle over fiberrl pipes lend the descriptor instead)",
     "TestInvalidHandle.test_invalid_handles": "builds Connection(raw_handle): fiberrl's "
         "Connection is a pipe end known to a rendezvous, not a descriptor wrapper",
 }

@@ -62,3 +62,28 @@ def test_manager_unlinks_its_blocks_at_shutdown():
         block.close()
         items.shm.close()
     assert not any(os.path.exists("/dev/shm/" + name) for name in names)
+
+
+def test_a_manager_not_started_refuses_with_valueerror():
+    """As the stdlib's (CPython's SharedMemoryManager test); it was an AttributeError."""
+    manager = SharedMemoryManager()
+    with pytest.raises(ValueError, match="start"):
+        manager.SharedMemory(size=9)
+    with pytest.raises(ValueError, match="start"):
+        manager.ShareableList([1, 2])
+
+
+def test_block_names_come_from_the_modules_make_filename(monkeypatch):
+    """Code written for the stdlib replaces ``_make_filename`` to choose names; a name
+    that exists already is skipped, as the stdlib does."""
+    import fiberrl.shared_memory as sm
+    taken = SharedMemory(create=True, size=8)
+    names = iter([taken._name, f"/psm_fiberrl_test_{os.getpid()}"])
+    monkeypatch.setattr(sm, "_make_filename", lambda: next(names))
+    fresh = SharedMemory(create=True, size=8)
+    try:
+        assert fresh._name == f"/psm_fiberrl_test_{os.getpid()}"
+    finally:
+        for block in (taken, fresh):
+            block.close()
+            block.unlink()

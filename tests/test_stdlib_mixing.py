@@ -2,6 +2,7 @@
 fiberrl jobs: each works, or fails at once saying why (never a silent hang)."""
 import multiprocessing
 import multiprocessing.connection
+import os
 import pickle
 
 import pytest
@@ -145,3 +146,42 @@ def test_socket_sent_to_a_job():
         ours.close()
         theirs.close()
     assert proc.exitcode == 0
+
+
+# -- reduction.send_handle / recv_handle over fiberrl pipes ----------------------------------
+def _write_to_received_fd(conn, data):
+    fd = fiberrl.reduction.recv_handle(conn)
+    os.write(fd, data)
+    os.close(fd)
+
+
+def test_send_handle_over_a_fiberrl_pipe(tmp_path):
+    """A fiberrl pipe end is not a Unix socket, so the descriptor is lent and its ticket
+    sent as a message (CPython's test_fd_transfer, which failed before)."""
+    conn, child_conn = fiberrl.Pipe()
+    proc = fiberrl.Process(target=_write_to_received_fd, args=(child_conn, b"written by the job"))
+    proc.start()
+    target = tmp_path / "out"
+    with open(target, "wb") as fh:
+        fiberrl.reduction.send_handle(conn, fh.fileno(), proc.pid)
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert target.read_bytes() == b"written by the job"
+
+
+def test_recv_handle_of_a_message_without_a_descriptor_raises():
+    a, b = fiberrl.Pipe()
+    a.send("not a descriptor")
+    with pytest.raises(RuntimeError, match="file descriptor"):
+        fiberrl.reduction.recv_handle(b)
+
+
+def test_send_handle_over_a_stdlib_socket_pipe_is_the_stdlibs():
+    a, b = multiprocessing.Pipe()
+    r, w = os.pipe()
+    fiberrl.reduction.send_handle(a, w, None)
+    received = fiberrl.reduction.recv_handle(b)
+    os.write(received, b"x")
+    assert os.read(r, 1) == b"x"
+    for fd in (r, w, received):
+        os.close(fd)
