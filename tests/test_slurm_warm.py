@@ -1,0 +1,146 @@
+"""Pool workers forked from warm host jobs on Slurm (``workers_per_job``, issue 23 item 3).
+
+The resilience contract of a pool of plain Slurm jobs holds: a worker's death re-runs
+its tasks and leaves its siblings (forked by the same host job) running; ``kill()`` and
+``terminate()`` of one worker reach that worker alone; a host job cancelled, or its
+node lost, re-runs all of its workers' tasks. On the real two-node cluster, with the
+master in a subprocess (see slurm_warm_master.py).
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fiberrl
+import slurm_cluster
+from fiberrl.backends.base import JobSpec, JobState, JobStatus
+from fiberrl.backends.slurm import warm
+from fiberrl.errors import ConfigError
+
+pytestmark = pytest.mark.slurm
+MASTER = Path(__file__).with_name("slurm_warm_master.py")
+
+
+# -- the option, checked where it is given ------------------------------------------------
+@pytest.mark.parametrize("value,error", [(0, ValueError), (-2, ValueError), ("4", TypeError),
+                                         (2.5, TypeError), (True, TypeError)])
+def test_a_bad_workers_per_job_fails_at_pool_with_the_stdlib_type(value, error):
+    with pytest.raises(error, match="workers_per_job"):
+        fiberrl.Pool(2, workers_per_job=value)
+
+
+def test_a_bad_setting_fails_when_the_slurm_backend_is_made(monkeypatch):
+    monkeypatch.setattr(fiberrl.backends.slurm.shutil, "which", lambda name: "/usr/bin/" + name)
+    fiberrl.init(backend="slurm", extra={"slurm_workers_per_job": "many"})
+    try:
+        with pytest.raises(ConfigError, match="slurm_workers_per_job must be a positive int"):
+            fiberrl.backends.slurm.SlurmBackend()
+    finally:
+        fiberrl.config.reset()
+    assert issubclass(ConfigError, ValueError)
+
+
+# -- requests (pure) ----------------------------------------------------------------------
+def test_host_jobs_ask_for_the_sum_of_their_workers_and_hold_no_shared_variable(tmp_path):
+    specs = [JobSpec(command=["/py", "-m", "fiberrl.spawn"], name=f"w{i}", cpu=2, mem=1 << 30,
+                     cwd="/work", env={"SECRET": "s", "TOKEN": f"t{i}"},
+                     extra={"workers_per_job": 4, "time_limit": 60}) for i in range(6)]
+    groups = warm.groups(specs, 4)
+    assert [len(g) for g in groups] == [4, 2]
+    host = warm.host_spec(groups[0], str(tmp_path / "t0"), {"SECRET": "s"}, "/py")
+    assert host.command == ["/py", "-m", warm.AGENT_MODULE, str(tmp_path / "t0")]
+    assert (host.cpu, host.mem, host.env) == (8, 4 << 30, {"SECRET": "s"})
+    assert host.extra == {"time_limit": 60}
+    warm.write_request(str(tmp_path / "t0"), groups[0], {"SECRET": "s"})
+    path = tmp_path / "t0" / warm.REQUEST_FILE
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    request = json.loads(path.read_text())
+    assert [j["env"] for j in request["jobs"]] == [{"TOKEN": f"t{i}"} for i in range(4)]
+    assert "SECRET" not in path.read_text()
+
+
+def test_a_forked_workers_status_follows_its_exit_file_then_its_host_job(tmp_path):
+    slot = warm.WarmSlot(host="7_0", task_dir=str(tmp_path), index=3)
+    assert slot.status(None).state is JobState.PENDING
+    assert slot.status(JobStatus(JobState.RUNNING)).state is JobState.RUNNING
+    cancelled = JobStatus(JobState.CANCELLED, -15, "CANCELLED (scancel, SIGTERM)")
+    lost = slot.status(cancelled)
+    assert (lost.state, lost.exit_code) == (JobState.FAILED, -15)
+    assert "host job 7_0 ended: CANCELLED" in lost.reason
+    (tmp_path / "w3.exit").write_text("-9\n")
+    killed = slot.status(JobStatus(JobState.RUNNING), killed=True)
+    assert (killed.state, killed.exit_code) == (JobState.FAILED, -9)
+    assert "SIGKILL" in killed.reason
+    slot.request_signal(15)
+    slot.request_signal(15)
+    assert warm.kill_requests(os.listdir(tmp_path)) == [(3, 15)]
+
+
+# -- on the two-node cluster ------------------------------------------------------------------
+def _master(tmp_path, *args):
+    conf = slurm_cluster.up("two-node")
+    env = {**os.environ, "SLURM_CONF": conf,
+           "FIBERRL_EXTRA": json.dumps({"slurm_log_dir": str(tmp_path)}),
+           "PYTHONPATH": os.pathsep.join([str(MASTER.parent.parent), os.environ.get("PYTHONPATH", "")])}
+    env.pop("FIBERRL_BACKEND", None)
+    try:
+        done = subprocess.run([sys.executable, str(MASTER), *args], env=env, capture_output=True,
+                              text=True, timeout=400, cwd=str(MASTER.parent))
+    finally:
+        slurm_cluster.assert_no_live_jobs(conf, grace=30)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    return done.stdout
+
+
+def _line(out, key):
+    return next(line.split(" ", 1)[1] for line in out.splitlines() if line.startswith(key + " "))
+
+
+def test_a_pool_on_warm_host_jobs_maps_with_forked_workers_on_both_nodes(tmp_path):
+    out = _master(tmp_path, "map")
+    assert _line(out, "HOSTS") == "['fbrl-n1', 'fbrl-n2']", out
+    ids = eval(_line(out, "IDS"))
+    hosts = {i.rsplit(".", 1)[0] for i in ids}
+    assert len(hosts) == 2 and sorted(i.rsplit(".", 1)[1] for i in ids) == sorted("0123" * 2)
+    assert _line(out, "FORKED") == "True", out
+    assert _line(out, "DEATHS") == "0" and _line(out, "MAP_AFTER") == "True", out
+
+
+def test_a_sigkilled_warm_worker_reruns_its_tasks_and_its_siblings_live(tmp_path):
+    out = _master(tmp_path, "sigkill")
+    assert _line(out, "RESULTS_OK") == "True", out
+    assert _line(out, "SIBLINGS_ALIVE") == "True", out
+    assert _line(out, "DEATHS") == "1" and _line(out, "MAP_AFTER") == "True", out
+
+
+def test_kill_and_terminate_of_one_warm_worker_reach_it_alone(tmp_path):
+    out = _master(tmp_path, "kill")
+    assert _line(out, "KILLED").startswith("-9 killed by signal 9 (SIGKILL)"), out
+    assert _line(out, "STOPPED").startswith("-15 killed by signal 15 (SIGTERM)"), out
+    assert _line(out, "RESULTS_OK") == "True", out
+    assert _line(out, "SIBLINGS_ALIVE") == "True", out
+    assert _line(out, "MAP_AFTER") == "True", out
+
+
+@pytest.mark.slow
+def test_a_cancelled_host_job_reruns_all_its_workers_tasks(tmp_path):
+    out = _master(tmp_path, "scancel")
+    assert _line(out, "RESULTS_OK") == "True", out
+    assert _line(out, "DEATHS") == "4", out   # the host job's four workers, no other
+    assert _line(out, "MAP_AFTER") == "True", out
+
+
+@pytest.mark.slow
+def test_losing_a_node_of_warm_host_jobs_the_map_finishes_on_the_other(tmp_path):
+    kill_n1 = ("kill -9 $(cat /var/tmp/fiberrl-slurm/two-node/slurmd-fbrl-n1.pid) ; "
+               "ip netns pids fbrl-n1 | xargs -r kill -9")
+    try:
+        out = _master(tmp_path, "node", kill_n1)
+    finally:
+        slurm_cluster.up("two-node")  # brings fbrl-n1's slurmd back
+    assert _line(out, "LATE") == "['fbrl-n2']", out
+    assert _line(out, "DEATHS") == "4", out
+    assert _line(out, "MAP_AFTER") == "True", out
