@@ -32,11 +32,13 @@ def test_a_bad_workers_per_job_fails_at_pool_with_the_stdlib_type(value, error):
         fiberrl.Pool(2, workers_per_job=value)
 
 
-def test_a_bad_setting_fails_when_the_slurm_backend_is_made(monkeypatch):
+@pytest.mark.parametrize("key,value", [("slurm_workers_per_job", "many"),
+                                       ("slurm_starting_per_job", 0)])
+def test_a_bad_setting_fails_when_the_slurm_backend_is_made(monkeypatch, tmp_path, key, value):
     monkeypatch.setattr(fiberrl.backends.slurm.shutil, "which", lambda name: "/usr/bin/" + name)
-    fiberrl.init(backend="slurm", extra={"slurm_workers_per_job": "many"})
+    fiberrl.init(backend="slurm", extra={key: value, "slurm_log_dir": str(tmp_path)})
     try:
-        with pytest.raises(ConfigError, match="slurm_workers_per_job must be a positive int"):
+        with pytest.raises(ConfigError, match=key):
             fiberrl.backends.slurm.SlurmBackend()
     finally:
         fiberrl.config.reset()
@@ -54,11 +56,13 @@ def test_host_jobs_ask_for_the_sum_of_their_workers_and_hold_no_shared_variable(
     assert host.command == ["/py", "-m", warm.AGENT_MODULE, str(tmp_path / "t0")]
     assert (host.cpu, host.mem, host.env) == (8, 4 << 30, {"SECRET": "s"})
     assert host.extra == {"time_limit": 60}
-    warm.write_request(str(tmp_path / "t0"), groups[0], {"SECRET": "s"})
+    warm.write_request(str(tmp_path / "t0"), groups[0], {"SECRET": "s"},
+                       warm.starting_per_job({}, host))
     path = tmp_path / "t0" / warm.REQUEST_FILE
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     request = json.loads(path.read_text())
     assert [j["env"] for j in request["jobs"]] == [{"TOKEN": f"t{i}"} for i in range(4)]
+    assert request["max_starting"] == 8   # one per CPU of the host job by default
     assert "SECRET" not in path.read_text()
 
 
@@ -80,10 +84,10 @@ def test_a_forked_workers_status_follows_its_exit_file_then_its_host_job(tmp_pat
 
 
 # -- on the two-node cluster ------------------------------------------------------------------
-def _master(tmp_path, *args):
+def _master(tmp_path, *args, extra=None):
     conf = slurm_cluster.up("two-node")
     env = {**os.environ, "SLURM_CONF": conf,
-           "FIBERRL_EXTRA": json.dumps({"slurm_log_dir": str(tmp_path)}),
+           "FIBERRL_EXTRA": json.dumps({"slurm_log_dir": str(tmp_path), **(extra or {})}),
            "PYTHONPATH": os.pathsep.join([str(MASTER.parent.parent), os.environ.get("PYTHONPATH", "")])}
     env.pop("FIBERRL_BACKEND", None)
     try:
@@ -100,7 +104,7 @@ def _line(out, key):
 
 
 def test_a_pool_on_warm_host_jobs_maps_with_forked_workers_on_both_nodes(tmp_path):
-    out = _master(tmp_path, "map")
+    out = _master(tmp_path, "map", extra={"slurm_starting_per_job": 1})  # one at a time
     assert _line(out, "HOSTS") == "['fbrl-n1', 'fbrl-n2']", out
     ids = eval(_line(out, "IDS"))
     hosts = {i.rsplit(".", 1)[0] for i in ids}

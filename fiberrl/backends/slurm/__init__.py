@@ -23,7 +23,7 @@ Settings (``fiberrl.init(extra={...})`` or ``FIBERRL_EXTRA``): ``slurm_partition
 :mod:`.slurm_submit`), ``slurm_log_dir`` (default ``~/.fiberrl/slurm``),
 ``slurm_array`` (default true), ``slurm_steps`` (``auto``: steps inside an
 allocation; ``never``), ``slurm_forward_output`` (default true),
-``slurm_workers_per_job`` (default 1; see :mod:`.warm`).
+``slurm_workers_per_job`` (default 1) and ``slurm_starting_per_job`` (see :mod:`.warm`).
 """
 from __future__ import annotations
 
@@ -154,7 +154,8 @@ class SlurmBackend(Backend):
         self._listen_host = listen_host
         self._allocation = allocation_for_steps(str(self._extra.get("slurm_steps", "auto")))
         self._use_arrays = bool(self._extra.get("slurm_array", True))
-        warm.workers_per_job(JobSpec(command=[]), self._extra)  # a bad setting fails here
+        warm.workers_per_job(JobSpec(command=[]), self._extra)  # bad settings fail here
+        warm.starting_per_job(self._extra, None)
         base = (self._extra.get("slurm_log_dir") or cfg.log_dir
                 or os.path.join(os.path.expanduser("~"), ".fiberrl", "slurm"))
         self.run_dir = os.path.join(base, f"{socket.gethostname()}-{os.getpid()}-"
@@ -231,8 +232,9 @@ class SlurmBackend(Backend):
         dirs = warm.task_dirs(self.run_dir, uuid.uuid4().hex[:12], len(groups))
         hosts = []
         for group, task_dir in zip(groups, dirs):
-            warm.write_request(task_dir, group, shared)
-            hosts.append(warm.host_spec(group, task_dir, shared, specs[0].command[0]))
+            host = warm.host_spec(group, task_dir, shared, specs[0].command[0])
+            warm.write_request(task_dir, group, shared, warm.starting_per_job(self._extra, host))
+            hosts.append(host)
         full = [h for g, h in zip(groups, hosts) if len(g) == per_job]
         submitted: List[Job] = []
         try:

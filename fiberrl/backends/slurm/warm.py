@@ -28,6 +28,11 @@ limit) ends every job it forked, and each is reported with the host job's reason
 ones common to all (the run's secret among them), which reach the host job through
 ``sbatch``'s environment, as for plain jobs.
 
+Start storms: a host job starts at most ``slurm_starting_per_job`` of its workers at a
+time (default: one per CPU it holds, as the local backend does), the next when one
+has connected to the master (it says so on a pipe, ``FIBERRL_STARTED_FD``) or ended:
+a master on a few cores is not asked for thousands of handshakes at once.
+
 Where warm hosts are not used although asked for: a single job (a lone ``Process``, a
 replacement for one lost worker: a host job for one would start two interpreters),
 and jobs inside an allocation (job steps, see :func:`~.allocation_for_steps`).
@@ -47,6 +52,9 @@ from ..base import JobSpec, JobState, JobStatus
 #: the Pool/Process keyword (resource hint) and the setting that default it
 HINT = "workers_per_job"
 SETTING = "slurm_workers_per_job"
+#: the setting for how many of a host job's workers may be starting (not yet connected
+#: to the master) at once; default: one per CPU of the host job, as the local backend
+STARTING_SETTING = "slurm_starting_per_job"
 #: what a host job runs (``python -m`` this module, the task directory)
 AGENT_MODULE = "fiberrl.backends.slurm.agent"
 REQUEST_FILE = "workers.json"
@@ -59,11 +67,9 @@ def check_workers_per_job(value: Any, where: str = HINT) -> int:
     """``value`` as a number of jobs per host job: a positive int, else TypeError
     (not an int) or ValueError (below 1), naming ``where`` it came from."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{where} must be a positive int (jobs forked per Slurm job), "
-                        f"got {value!r}")
+        raise TypeError(f"{where} must be a positive int (jobs per Slurm job), got {value!r}")
     if value < 1:
-        raise ValueError(f"{where} must be at least 1 (1: one Slurm job per worker), "
-                         f"got {value!r}")
+        raise ValueError(f"{where} must be at least 1, got {value!r}")
     return value
 
 
@@ -74,6 +80,17 @@ def workers_per_job(spec: JobSpec, config_extra: Mapping[str, Any]) -> int:
     value = config_extra.get(SETTING, 1)
     try:
         return check_workers_per_job(value, SETTING)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def starting_per_job(config_extra: Mapping[str, Any], host: Optional[JobSpec]) -> int:
+    """How many of ``host``'s workers it starts at once (the setting, else its CPUs)."""
+    value = config_extra.get(STARTING_SETTING)
+    if value is None:
+        return max(1, int(host.cpu or 1)) if host is not None else 1
+    try:
+        return check_workers_per_job(value, STARTING_SETTING)
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
 
@@ -96,10 +113,12 @@ def host_spec(group: Sequence[JobSpec], task_dir: str, shared: Mapping[str, str]
                    extra={k: v for k, v in first.extra.items() if k != HINT})
 
 
-def write_request(task_dir: str, group: Sequence[JobSpec], shared: Mapping[str, str]) -> None:
-    """Write what the agent of ``task_dir`` forks: each job's own variables and command."""
+def write_request(task_dir: str, group: Sequence[JobSpec], shared: Mapping[str, str],
+                  max_starting: int) -> None:
+    """Write what the agent of ``task_dir`` forks: each job's own variables and command,
+    and how many may be starting at once."""
     os.makedirs(task_dir, mode=0o700)
-    request = {"cwd": group[0].cwd or os.getcwd(),
+    request = {"cwd": group[0].cwd or os.getcwd(), "max_starting": max_starting,
                "jobs": [{"command": list(spec.command),
                          "env": {k: v for k, v in spec.env.items() if k not in shared}}
                         for spec in group]}
