@@ -148,3 +148,37 @@ def test_losing_a_node_of_warm_host_jobs_the_map_finishes_on_the_other(tmp_path)
     assert _line(out, "LATE") == "['fbrl-n2']", out
     assert _line(out, "DEATHS") == "4", out
     assert _line(out, "MAP_AFTER") == "True", out
+
+
+# -- the agent alone (no Slurm: it runs any command it is given) -------------------------------
+JOB = """
+import os, sys, time
+out, index = os.environ["OUT"], os.environ["IDX"]
+open(os.path.join(out, index + ".start"), "w").write(repr(time.monotonic()))
+time.sleep(0.3)
+open(os.path.join(out, index + ".up"), "w").write(repr(time.monotonic()))
+os.write(int(os.environ["FIBERRL_STARTED_FD"]), b"1")
+time.sleep(0.3)
+sys.exit(int(index))
+"""
+
+
+def test_the_agent_paces_its_starts_forwards_kills_and_records_exits(tmp_path):
+    task_dir, out = tmp_path / "t0", tmp_path / "out"
+    out.mkdir()
+    specs = [JobSpec(command=[sys.executable, "-c", JOB], env={"IDX": str(i), "OUT": str(out)},
+                     cwd=str(tmp_path)) for i in range(6)]
+    warm.write_request(str(task_dir), specs, {}, max_starting=2)
+    warm.WarmSlot(host="-", task_dir=str(task_dir), index=5).request_signal(15)  # never starts
+    env = {**os.environ, "PYTHONPATH": str(MASTER.parent.parent)}
+    done = subprocess.run([sys.executable, "-m", warm.AGENT_MODULE, str(task_dir)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    codes = [warm.WarmSlot(host="-", task_dir=str(task_dir), index=i).exit_code() for i in range(6)]
+    assert codes == [0, 1, 2, 3, 4, -15]
+    assert not (out / "5.start").exists()
+    spans = [(float((out / f"{i}.start").read_text()), float((out / f"{i}.up").read_text()))
+             for i in range(5)]
+    for start, _ in spans:   # never more than 2 started and not yet up
+        assert sum(1 for s, up in spans if s <= start < up) <= 2, spans
+    assert "exec'ing them" in done.stderr   # not fiberrl jobs: no fork server for them
