@@ -63,6 +63,8 @@ def test_host_jobs_ask_for_the_sum_of_their_workers_and_hold_no_shared_variable(
     request = json.loads(path.read_text())
     assert [j["env"] for j in request["jobs"]] == [{"TOKEN": f"t{i}"} for i in range(4)]
     assert request["max_starting"] == 8   # one per CPU of the host job by default
+    assert warm.starting_per_job({}, host, hosts=16) == 4   # 64 over all host jobs at most
+    assert warm.starting_per_job({"slurm_starting_per_job": 32}, host, hosts=16) == 32
     assert "SECRET" not in path.read_text()
 
 

@@ -233,7 +233,8 @@ class SlurmBackend(Backend):
         hosts = []
         for group, task_dir in zip(groups, dirs):
             host = warm.host_spec(group, task_dir, shared, specs[0].command[0])
-            warm.write_request(task_dir, group, shared, warm.starting_per_job(self._extra, host))
+            warm.write_request(task_dir, group, shared,
+                               warm.starting_per_job(self._extra, host, len(groups)))
             hosts.append(host)
         full = [h for g, h in zip(groups, hosts) if len(g) == per_job]
         submitted: List[Job] = []

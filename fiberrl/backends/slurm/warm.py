@@ -29,7 +29,8 @@ ones common to all (the run's secret among them), which reach the host job throu
 ``sbatch``'s environment, as for plain jobs.
 
 Start storms: a host job starts at most ``slurm_starting_per_job`` of its workers at a
-time (default: one per CPU it holds, as the local backend does), the next when one
+time (default: one per CPU it holds, as the local backend does, and no more than
+:data:`MASTER_STARTING` over all host jobs of one submission), the next when one
 has connected to the master (it says so on a pipe, ``FIBERRL_STARTED_FD``) or ended:
 a master on a few cores is not asked for thousands of handshakes at once.
 
@@ -54,7 +55,11 @@ HINT = "workers_per_job"
 SETTING = "slurm_workers_per_job"
 #: the setting for how many of a host job's workers may be starting (not yet connected
 #: to the master) at once; default: one per CPU of the host job, as the local backend
+#: does, but no more than MASTER_STARTING over all the host jobs of one submission
 STARTING_SETTING = "slurm_starting_per_job"
+#: handshakes one submission asks of the master at once by default: 1,024 workers
+#: starting together overran a master on 2 cores (docs/scale.md); 64 did not
+MASTER_STARTING = 64
 #: what a host job runs (``python -m`` this module, the task directory)
 AGENT_MODULE = "fiberrl.backends.slurm.agent"
 REQUEST_FILE = "workers.json"
@@ -84,11 +89,15 @@ def workers_per_job(spec: JobSpec, config_extra: Mapping[str, Any]) -> int:
         raise ConfigError(str(exc)) from None
 
 
-def starting_per_job(config_extra: Mapping[str, Any], host: Optional[JobSpec]) -> int:
-    """How many of ``host``'s workers it starts at once (the setting, else its CPUs)."""
+def starting_per_job(config_extra: Mapping[str, Any], host: Optional[JobSpec],
+                     hosts: int = 1) -> int:
+    """How many of ``host``'s workers it starts at once: the setting, else its CPUs but
+    at most a share of :data:`MASTER_STARTING` among the ``hosts`` host jobs submitted
+    with it."""
     value = config_extra.get(STARTING_SETTING)
     if value is None:
-        return max(1, int(host.cpu or 1)) if host is not None else 1
+        cpus = max(1, int(host.cpu or 1)) if host is not None else 1
+        return max(1, min(cpus, MASTER_STARTING // max(1, hosts)))
     try:
         return check_workers_per_job(value, STARTING_SETTING)
     except (TypeError, ValueError) as exc:
