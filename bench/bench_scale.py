@@ -2,6 +2,7 @@
 
     python bench/bench_scale.py [--workers 64 256] [--backend local|slurm] [--cpu 1]
                                 [--only startup idle noop sleep kill node] [--fork-reference]
+                                [--per-job 1 16]
 
 For each pool size: the time from ``Pool(n)`` to every worker connected; the master's
 file descriptors, threads and RSS (and their growth per worker over the master before
@@ -15,6 +16,13 @@ population of 1,024 (seconds per generation, split into the pool's map and the l
 and the task time per worker); with ``--backend
 slurm`` and ``node``, one node of the ``multi`` cluster lost (its slurmd and every
 process in its namespace): seconds until its tasks ran again elsewhere.
+
+``--per-job 1 16`` runs each size once per ``workers_per_job`` value, in this order
+(Slurm: 1 is one job per worker, each a fresh interpreter; 16 forks 16 workers from
+each warm host job), and adds the memory per worker counted whole: the PSS of every
+process a worker needs on its node (the worker, and the ancestors up to and including
+``slurmd``'s ``slurmstepd``: the agent and fork server of a host job, shared by its
+workers) over the number of workers.
 
 These are measurements on a shared 2-core machine, not tests: every figure moves with
 the other users' load; ratios taken in one run are the ones to compare.
@@ -73,17 +81,39 @@ def idle_cpu(seconds):
     return (after.user + after.system - before.user - before.system) / seconds
 
 
-def worker_memory(pool):
-    """Median (RSS, USS) of the pool's workers, MiB (those visible from here)."""
-    rss, uss = [], []
-    for worker in pool.workers():
+def memory_per_worker(pool):
+    """Medians of the workers' (RSS, USS, PSS) and the PSS of everything they need on their
+    node (themselves, and their ancestors up to slurmstepd or this process) per worker,
+    MiB; and how many workers were seen."""
+    me = os.getpid()
+    seen, rss, uss, pss = set(), [], [], []
+    workers = [w.pid for w in pool.workers() if w.pid is not None]
+    for pid in workers:
         try:
-            info = psutil.Process(worker.pid).memory_full_info()
-        except (psutil.Error, TypeError, ValueError):
+            proc = psutil.Process(pid)
+            info = proc.memory_full_info()
+            rss.append(info.rss / MIB)
+            uss.append(info.uss / MIB)
+            pss.append(info.pss / MIB)
+            seen.add(pid)
+            for parent in proc.parents():
+                if parent.pid in (me, 1):
+                    break
+                seen.add(parent.pid)
+                if parent.name() == "slurmstepd":
+                    break
+        except (psutil.Error, ValueError):
             continue
-        rss.append(info.rss / MIB)
-        uss.append(info.uss / MIB)
-    return (statistics.median(rss), statistics.median(uss), len(rss)) if rss else (0, 0, 0)
+    total = 0.0
+    for pid in seen:
+        try:
+            total += psutil.Process(pid).memory_full_info().pss / MIB
+        except psutil.Error:
+            continue
+    if not rss:
+        return 0, 0, 0, 0, 0
+    med = statistics.median
+    return med(rss), med(uss), med(pss), total / len(rss), len(rss)
 
 
 def sleep_overhead(pool, n, d, per_worker):
@@ -168,24 +198,36 @@ def fork_reference(n, args):
     return out
 
 
-def run(n, args):
+def run(n, args, per_job=1):
     """Every chosen measure at ``n`` workers; prints one block."""
     only = set(args.only)
     base_fds, base_threads, base_rss = master_usage()
     started = time.monotonic()
-    pool = fiberrl.Pool(n, cpu=args.cpu) if args.cpu else fiberrl.Pool(n)
+    hints = {"cpu": args.cpu} if args.cpu else {}
+    if per_job > 1:
+        hints["workers_per_job"] = per_job
+    pool = fiberrl.Pool(n, **hints)
     try:
-        up = wait_alive(pool, n, args.start_timeout)
+        try:
+            up = wait_alive(pool, n, args.start_timeout)
+        except TimeoutError as exc:
+            print(f"\n== {n} workers, backend {args.backend}, workers_per_job {per_job}: {exc} "
+                  f"(load average {os.getloadavg()[0]:.1f})")
+            return
         fds, threads, rss = master_usage()
-        print(f"\n== {n} workers, backend {args.backend} (load average "
+        starting = fiberrl.config.get_config().extra.get("slurm_starting_per_job", "default")
+        print(f"\n== {n} workers, backend {args.backend}, workers_per_job {per_job}, "
+              f"slurm_starting_per_job {starting} (load average "
               f"{os.getloadavg()[0]:.1f}, 2-core machine shared with others)")
         print(f"  Pool({n}) to all workers up          {up:8.2f} s   "
               f"({(time.monotonic() - started):.2f} s with the constructor)")
         print(f"  master fds                           {fds:8d}     (+{(fds - base_fds) / n:.2f} per worker)")
         print(f"  master threads                       {threads:8d}     (+{threads - base_threads})")
         print(f"  master RSS                           {rss:8.1f} MiB (+{(rss - base_rss) * 1024 / n:.0f} KiB per worker)")
-        wrss, wuss, seen = worker_memory(pool)
-        print(f"  worker RSS / USS (median of {seen})     {wrss:6.1f} / {wuss:.1f} MiB")
+        wrss, wuss, wpss, whole, seen = memory_per_worker(pool)
+        print(f"  worker RSS / USS / PSS (median of {seen}) {wrss:6.1f} / {wuss:.1f} / {wpss:.1f} MiB")
+        print(f"  memory per worker, whole (PSS)       {whole:8.1f} MiB (workers, host jobs, "
+              f"slurmstepd)")
         if "idle" in only:
             print(f"  master CPU while idle                {idle_cpu(args.idle_s) * 1e3:8.1f} ms/s "
                   f"(over {args.idle_s:.0f} s)")
@@ -234,12 +276,15 @@ def main():
                         help="run the stdlib fork pool's sleep test at the same sizes")
     parser.add_argument("--idle-s", type=float, default=5.0)
     parser.add_argument("--start-timeout", type=float, default=900.0)
+    parser.add_argument("--per-job", type=int, nargs="+", default=[1],
+                        help="workers_per_job values to run each size with (Slurm)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)  # the kills' warnings are expected
     sys.stdout.reconfigure(line_buffering=True)
     fiberrl.init(backend=args.backend)
     for n in args.workers:
-        run(n, args)
+        for per_job in args.per_job:
+            run(n, args, per_job)
 
 
 if __name__ == "__main__":

@@ -29,8 +29,11 @@ def parse_mem(value: Union[None, int, float, str]) -> Optional[int]:
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
-#: hints beyond cpu/mem/gpu that some backend understands (see each backend's docs)
-BACKEND_HINTS = ("time_limit", "partition", "account", "qos", "sbatch_options")
+#: hints beyond cpu/mem/gpu that some backend understands (see each backend's docs);
+#: ``workers_per_job``: Slurm forks that many workers from one job (see
+#: :mod:`fiberrl.backends.slurm.warm`), other backends ignore it
+BACKEND_HINTS = ("time_limit", "partition", "account", "qos", "sbatch_options",
+                 "workers_per_job")
 
 
 def validate(cpu: Optional[float] = None, mem: Any = None, gpu: Optional[int] = None,
@@ -44,6 +47,11 @@ def validate(cpu: Optional[float] = None, mem: Any = None, gpu: Optional[int] = 
         raise ValueError(f"cpu must be a positive number, got {cpu!r}")
     if gpu is not None and (not isinstance(gpu, int) or gpu < 0):
         raise ValueError(f"gpu must be a non-negative integer, got {gpu!r}")
+    per_job = extra.get("workers_per_job")
+    if per_job is not None and (isinstance(per_job, bool) or not isinstance(per_job, int)):
+        raise TypeError(f"workers_per_job must be a positive int, got {per_job!r}")
+    if per_job is not None and per_job < 1:
+        raise ValueError(f"workers_per_job must be at least 1, got {per_job!r}")
     hints = {"cpu": cpu, "mem": parse_mem(mem), "gpu": gpu, **extra}
     return {k: v for k, v in hints.items() if v is not None}
 

@@ -22,7 +22,7 @@ from multiprocessing import process as _mp_process
 
 from . import log, reduction
 from ._runtime import jobenv
-from ._runtime.jobenv import JOB_ENV, SENTINEL_ENV, TOKEN_ENV, parent_address
+from ._runtime.jobenv import JOB_ENV, SENTINEL_ENV, STARTED_ENV, TOKEN_ENV, parent_address
 from ._runtime.liveness import ParentWatch, start_parent_watch
 from ._runtime.rpc import client_for
 from ._wire.auth import SECRET_ENV, run_secret
@@ -73,6 +73,15 @@ def _adopt_parent_main(path: Optional[str]) -> None:
         sys.modules["__main__"] = sys.modules["__mp_main__"] = _ParentMain(path)
 
 
+def _tell_started(fd: int) -> None:
+    """Tell whoever started this job (through ``fd``) that it is connected."""
+    try:
+        os.write(fd, b"1")
+        os.close(fd)
+    except OSError:
+        logger.debug("could not say started on descriptor %d", fd)
+
+
 def main() -> int:
     """Run the job described by the environment; return its exit code."""
     address, token = parent_address(), os.environ[TOKEN_ENV]
@@ -82,6 +91,7 @@ def main() -> int:
     for name in (TOKEN_ENV, SECRET_ENV):
         os.environ.pop(name, None)  # not inherited by grandchildren's user code
     inherited_sentinel = os.environ.pop(SENTINEL_ENV, None)
+    started_fd = os.environ.pop(STARTED_ENV, None)
     cfg = get_config()
     log.configure_worker(cfg.log_level, os.environ.get(JOB_ENV, "job"))
 
@@ -103,6 +113,8 @@ def main() -> int:
     parent_r, parent_w = os.pipe()
     watch = ParentWatch(address, token, cfg.parent_grace, cfg.heartbeat_interval, parent_w)
     start_parent_watch(watch)
+    if started_fd is not None:
+        _tell_started(int(started_fd))
     exitcode = process_obj._bootstrap(parent_sentinel=parent_r)
     try:
         client.cast("spawn", "exit", token, exitcode)

@@ -133,9 +133,12 @@ class ForkServer:
         return self._control is not None and self.process.poll() is None
 
     def start_job(self, env: Dict[str, str], cwd: Optional[str], pass_fds: Sequence[int],
-                  timeout: float) -> Tuple[ForkedJob, int, int]:
+                  timeout: float, output: Optional[int] = None
+                  ) -> Tuple[ForkedJob, Optional[int], Optional[int]]:
         """Fork a job; returns it and the read ends of its stdout and stderr pipes.
 
+        With ``output`` (a descriptor open for writing, e.g. a log file), the job writes
+        both streams there instead and no pipes are made (the read ends are None).
         Raises :class:`ForkServerError` when the server cannot (it died, or did not
         answer within ``timeout`` s).
         """
@@ -144,8 +147,11 @@ class ForkServer:
         if len(request) > MAX_REQUEST or len(pass_fds) + 3 > MAX_FDS:
             raise ForkServerError("request too large for the fork server")
         report, report_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
+        if output is None:
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+        else:  # our own duplicates: closed below like the pipes' write ends
+            out_r, out_w, err_r, err_w = None, os.dup(output), None, os.dup(output)
         try:
             fds: List[int] = [report_theirs.fileno(), out_w, err_w, *pass_fds]
             with self._send_lock:
@@ -154,8 +160,7 @@ class ForkServer:
                 socket.send_fds(self._control, [request], fds)
         except OSError as exc:
             report.close()
-            os.close(out_r)
-            os.close(err_r)
+            _close(out_r, err_r)
             raise ForkServerError(f"cannot reach the fork server: {exc}") from exc
         finally:
             report_theirs.close()  # in flight or delivered: the server holds it now
@@ -165,8 +170,7 @@ class ForkServer:
             pid = _read_pid(report, timeout)
         except ForkServerError:
             report.close()
-            os.close(out_r)
-            os.close(err_r)
+            _close(out_r, err_r)
             raise
         return ForkedJob(pid, report), out_r, err_r
 
@@ -176,6 +180,12 @@ class ForkServer:
             control, self._control = self._control, None
         if control is not None:
             control.close()
+
+
+def _close(*fds: Optional[int]) -> None:
+    for fd in fds:
+        if fd is not None:
+            os.close(fd)
 
 
 def _readable(sock: socket.socket, timeout: Optional[float]) -> bool:

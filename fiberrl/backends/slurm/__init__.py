@@ -4,7 +4,9 @@
   ``sbatch --parsable``; the run's secret reaches the job through ``sbatch``'s
   environment (``--export=ALL``), never its command line or script.
 - ``create_jobs`` (a pool starting N workers): one ``sbatch --array=0-(N-1)``; each
-  array task picks its own token by ``SLURM_ARRAY_TASK_ID``.
+  array task picks its own token by ``SLURM_ARRAY_TASK_ID``. With ``workers_per_job=K``
+  (a ``Pool`` keyword, or the ``slurm_workers_per_job`` setting), one array task per K
+  jobs instead, each forking its K jobs from a warm fork server (:mod:`.warm`).
 - Inside an allocation that a person made (``salloc``/``sbatch`` running the master),
   jobs are job steps (``srun --exact``) of that allocation: no queue wait.
 - ``status``: one cached ``squeue`` for all jobs (:mod:`.slurm_jobs`), mapped to
@@ -20,7 +22,8 @@ Settings (``fiberrl.init(extra={...})`` or ``FIBERRL_EXTRA``): ``slurm_partition
 ``slurm_account``, ``slurm_qos``, ``slurm_time_limit``, ``slurm_options`` (see
 :mod:`.slurm_submit`), ``slurm_log_dir`` (default ``~/.fiberrl/slurm``),
 ``slurm_array`` (default true), ``slurm_steps`` (``auto``: steps inside an
-allocation; ``never``), ``slurm_forward_output`` (default true).
+allocation; ``never``), ``slurm_forward_output`` (default true),
+``slurm_workers_per_job`` (default 1) and ``slurm_starting_per_job`` (see :mod:`.warm`).
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from ...config import get_config
 from ...errors import BackendError
 from .. import addresses
 from . import submit as slurm_submit
+from . import warm
 from ..base import Backend, Job, JobInfo, JobSpec, JobState, JobStatus
 from .jobs import JobTable, parse_duration, run_slurm, status_of
 
@@ -60,6 +64,7 @@ class _JobData:
     step_name: str = ""
     killed: bool = False
     final: Optional[JobStatus] = None
+    warm: Optional[warm.WarmSlot] = None  # a job forked by a host job (see .warm)
 
 
 def allocation_for_steps(setting: str = "auto") -> Optional[str]:
@@ -149,12 +154,15 @@ class SlurmBackend(Backend):
         self._listen_host = listen_host
         self._allocation = allocation_for_steps(str(self._extra.get("slurm_steps", "auto")))
         self._use_arrays = bool(self._extra.get("slurm_array", True))
+        warm.workers_per_job(JobSpec(command=[]), self._extra)  # bad settings fail here
+        warm.starting_per_job(self._extra, None)
         base = (self._extra.get("slurm_log_dir") or cfg.log_dir
                 or os.path.join(os.path.expanduser("~"), ".fiberrl", "slurm"))
         self.run_dir = os.path.join(base, f"{socket.gethostname()}-{os.getpid()}-"
                                           f"{uuid.uuid4().hex[:6]}")
         os.makedirs(self.run_dir, exist_ok=True)
         self._table = JobTable()
+        self._hosts: Dict[str, List[Job]] = {}  # host job id -> the jobs it forks
         self._follower = (_OutputFollower() if self._extra.get("slurm_forward_output", True)
                           else None)
         self.forwards_output = self._follower is not None
@@ -169,8 +177,12 @@ class SlurmBackend(Backend):
             return []
         if self._allocation:
             return super().create_jobs(specs) if len(specs) > 1 else [self._start_step(specs[0])]
-        if len(specs) > 1 and self._use_arrays and slurm_submit.same_request(specs, self._extra):
-            return self._submit(specs)
+        if len(specs) > 1 and slurm_submit.same_request(specs, self._extra):
+            per_job = warm.workers_per_job(specs[0], self._extra)
+            if per_job > 1:
+                return self._submit_warm(specs, per_job)
+            if self._use_arrays:
+                return self._submit(specs)
         jobs: List[Job] = []
         try:
             for spec in specs:
@@ -212,6 +224,44 @@ class SlurmBackend(Backend):
         logger.debug("submitted %s (%d job(s)) for %s", base_id, len(ids), specs[0].name)
         return jobs
 
+    def _submit_warm(self, specs: List[JobSpec], per_job: int) -> List[Job]:
+        """Host jobs of ``per_job`` jobs each (see :mod:`.warm`): one array for the
+        full ones, one more job for a remainder that asks for less."""
+        shared = slurm_submit.shared_env(specs)
+        groups = warm.groups(specs, per_job)
+        dirs = warm.task_dirs(self.run_dir, uuid.uuid4().hex[:12], len(groups))
+        hosts = []
+        for group, task_dir in zip(groups, dirs):
+            host = warm.host_spec(group, task_dir, shared, specs[0].command[0])
+            warm.write_request(task_dir, group, shared,
+                               warm.starting_per_job(self._extra, host, len(groups)))
+            hosts.append(host)
+        full = [h for g, h in zip(groups, hosts) if len(g) == per_job]
+        submitted: List[Job] = []
+        try:
+            for batch in (full, hosts[len(full):]):
+                if batch:
+                    submitted += self._submit(batch)
+        except BaseException:
+            for host in submitted:
+                self.terminate(host, force=True)
+            raise
+        jobs = []
+        for host, group, task_dir in zip(submitted, groups, dirs):
+            forked = []
+            for index, spec in enumerate(group):
+                log = warm.log_path(task_dir, index)
+                slot = warm.WarmSlot(host=host.id, task_dir=task_dir, index=index)
+                forked.append(Job(id=f"{host.id}.{index}", backend=self.name, spec=spec,
+                                  data=_JobData(log=log, warm=slot)))
+                if self._follower is not None:
+                    self._follower.follow(log)
+            with self._lock:
+                self._hosts[host.id] = forked
+            jobs += forked
+        logger.debug("%d job(s) on %d warm host job(s)", len(jobs), len(submitted))
+        return jobs
+
     def _start_step(self, spec: JobSpec) -> Job:
         """A job step of the allocation this process runs in (``srun --exact``)."""
         step_name = f"{slurm_submit.job_name(spec)}-{uuid.uuid4().hex[:8]}"
@@ -236,7 +286,12 @@ class SlurmBackend(Backend):
         data: _JobData = job.data
         if data.final is not None:
             return data.final
-        status = self._step_status(job) if data.step is not None else self._job_status(job)
+        if data.warm is not None:
+            status = self._warm_status(job)
+        elif data.step is not None:
+            status = self._step_status(job)
+        else:
+            status = self._job_status(job)
         if status.state.finished:
             data.final = status
             self._job_ended(job)
@@ -255,6 +310,20 @@ class SlurmBackend(Backend):
         if status.state.finished:
             self._table.finished(job.id, record)
         return status
+
+    def _warm_status(self, job: Job) -> JobStatus:
+        slot: warm.WarmSlot = job.data.warm
+        record = self._table.record(slot.host)
+        host = None if record is None else status_of(record)
+        if host is not None and host.state.finished:
+            self._table.finished(slot.host, record)
+            with self._lock:
+                self._hosts.pop(slot.host, None)
+            if self._follower is not None:
+                self._follower.finish(os.path.join(self.run_dir, f"{slot.host}.out"))
+        elif host is not None and host.state is JobState.RUNNING and job.host is None:
+            job.host = record.get("NodeList") or None
+        return slot.status(host, killed=job.data.killed)
 
     def _step_status(self, job: Job) -> JobStatus:
         data: _JobData = job.data
@@ -310,7 +379,7 @@ class SlurmBackend(Backend):
                 self._table.track([job_id], job_id)
                 record = self._table.record(job_id)
         else:
-            record = self._table.record(job.id)
+            record = self._table.record(data.warm.host if data.warm else job.id)
         if record is None or record.get("State", "").split()[0] != "RUNNING":
             return None
         if parse_duration(record.get("TimeLimit", "")) is None:
@@ -325,6 +394,11 @@ class SlurmBackend(Backend):
             return
         if force:
             data.killed = True
+        if data.warm is not None:  # its host job signals it alone
+            data.warm.request_signal(signal.SIGKILL if force else signal.SIGTERM)
+            data.warm.stop_asked = True
+            self._cancel_idle_host(data.warm.host)
+            return
         target = job.id
         if data.step is not None:
             target = self._step_id(data.step_name)
@@ -337,6 +411,21 @@ class SlurmBackend(Backend):
             run_slurm(command, timeout=30.0)
         except BackendError as exc:
             logger.warning("could not cancel Slurm job %s: %s", target, exc)
+
+    def _cancel_idle_host(self, host_id: str) -> None:
+        """Cancel a host job that has not started yet once all its jobs were asked to
+        stop (nobody would read their requests until it starts, maybe never)."""
+        with self._lock:
+            forked = self._hosts.get(host_id, [])
+            if not forked or not all(j.data.warm.stop_asked for j in forked):
+                return
+            del self._hosts[host_id]
+        record = self._table.record(host_id)
+        if record is None or status_of(record).state is JobState.PENDING:
+            try:
+                run_slurm(["scancel", host_id], timeout=30.0)
+            except BackendError as exc:
+                logger.warning("could not cancel Slurm host job %s: %s", host_id, exc)
 
     def _step_id(self, step_name: str) -> Optional[str]:
         try:

@@ -1,0 +1,96 @@
+"""The master of test_slurm_warm.py, run as a script on the two-node Slurm cluster.
+
+``python slurm_warm_master.py MODE [ARG]``: a pool whose workers are forked by warm
+host jobs (``workers_per_job``); prints ``KEY value`` lines that the tests check.
+A separate process because a test process's hub listens on loopback, which the
+nodes' network namespaces cannot reach.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+
+import fiberrl
+
+
+def where(delay):
+    """(host, pid) of the worker, after ``delay`` s."""
+    time.sleep(delay)
+    return socket.gethostname(), os.getpid()
+
+
+def square_after(pair):
+    delay, x = pair
+    time.sleep(delay)
+    return x * x
+
+
+def _forked(pid):
+    """Whether ``pid`` was forked by a fork server (its parent runs the local backend's)."""
+    parent = psutil.Process(pid).parent()
+    return parent is not None and "fiberrl.backends.local" in " ".join(parent.cmdline())
+
+
+def _pids(pool, workers):
+    """Map until every one of ``workers`` workers has run a task: {pid: host}."""
+    seen = {}
+    while len(seen) < workers:
+        seen.update({pid: host for host, pid in pool.map(where, [0.2] * 4 * workers, 1)})
+    return seen
+
+
+def main(mode, arg=None):
+    fiberrl.init(backend="slurm", heartbeat_timeout=5)
+    # 8-CPU nodes: 2 CPUs a worker, 4 a host job: one host job fills one node
+    with fiberrl.Pool(8, cpu=2, workers_per_job=4) as pool:
+        pids = _pids(pool, 8)
+        print("HOSTS", sorted(set(pids.values())), flush=True)
+        print("IDS", sorted(w.job_id for w in pool.workers()), flush=True)
+        print("FORKED", all(_forked(pid) for pid in pids), flush=True)
+        if mode == "sigkill":   # SIGKILL one worker mid-map
+            result = pool.map_async(square_after, [(0.3, i) for i in range(80)], 1)
+            time.sleep(1.0)
+            victim = sorted(pids)[0]
+            os.kill(victim, signal.SIGKILL)
+            print("RESULTS_OK", result.get(timeout=120) == [i * i for i in range(80)], flush=True)
+            print("SIBLINGS_ALIVE", all(psutil.pid_exists(p) for p in pids if p != victim),
+                  flush=True)
+        if mode == "kill":      # kill() one worker, terminate() another, mid-map
+            result = pool.map_async(square_after, [(0.3, i) for i in range(80)], 1)
+            time.sleep(1.0)
+            killed, stopped = pool.workers()[:2]
+            victims = [killed.pid, stopped.pid]
+            jobs = [killed._popen.job, stopped._popen.job]  # the pool closes the processes
+            killed.kill()
+            stopped.terminate()
+            backend = fiberrl.backends.default_backend()
+            for key, job in zip(("KILLED", "STOPPED"), jobs):
+                status = backend.wait(job, 30)
+                print(key, status.exit_code, status.reason, flush=True)
+            print("RESULTS_OK", result.get(timeout=120) == [i * i for i in range(80)], flush=True)
+            others = [p for p in pids if p not in victims]
+            print("SIBLINGS_ALIVE", len(others) == 6 and all(psutil.pid_exists(p) for p in others),
+                  flush=True)
+        if mode == "scancel":   # cancel one host job (4 workers) mid-map
+            result = pool.map_async(square_after, [(0.3, i) for i in range(80)], 1)
+            time.sleep(1.0)
+            host = pool.workers()[0].job_id.rsplit(".", 1)[0]
+            subprocess.run(["scancel", host], check=True, timeout=30)
+            print("RESULTS_OK", result.get(timeout=180) == [i * i for i in range(80)], flush=True)
+        if mode == "node":      # take one node away mid-map (its slurmd and its processes)
+            result = pool.map_async(where, [0.5] * 60, 1)
+            time.sleep(3)
+            subprocess.run(["bash", "-c", arg], check=True)
+            late = result.get(timeout=240)
+            print("LATE", sorted(set(h for h, _ in late[-10:])), flush=True)
+        print("DEATHS", pool.stats().worker_deaths, flush=True)
+        print("MAP_AFTER", pool.map(square_after, [(0.0, i) for i in range(16)])
+              == [i * i for i in range(16)], flush=True)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
