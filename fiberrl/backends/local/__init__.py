@@ -3,7 +3,8 @@
 Jobs that run fiberrl's own entry point (every ``Process`` and pool worker) are
 forked from a warm fork server (:mod:`fiberrl.backends.local.forkserver`) unless the
 ``forkserver`` setting is off; other commands, and any job the server cannot take,
-are started with ``subprocess``. A job's stdout and stderr are pumped by one selector thread (``fiberrl-output``)
+are started with ``subprocess``. Either way a job starts with SIGINT blocked until it
+is ready to take it (:mod:`fiberrl._runtime.interrupts`). A job's stdout and stderr are pumped by one selector thread (``fiberrl-output``)
 to this process's own stdout/stderr, so ``print`` in a child shows up as it does
 with ``multiprocessing``, while the last lines are kept for error messages.
 """
@@ -19,6 +20,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..._runtime import interrupts
 from ...config import get_config
 from ...errors import BackendError
 from .. import addresses
@@ -145,9 +147,10 @@ class LocalBackend(Backend):
             handle, stdout, stderr = forked
         else:
             try:
-                handle = subprocess.Popen(spec.command, env=env, cwd=spec.cwd,
-                                          pass_fds=spec.pass_fds, stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                with interrupts.held():  # the job starts with Ctrl-C held (see interrupts)
+                    handle = subprocess.Popen(spec.command, env=env, cwd=spec.cwd,
+                                              pass_fds=spec.pass_fds, stdin=subprocess.DEVNULL,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             except OSError as exc:
                 raise BackendError(f"local backend could not start {spec.command[0]!r}: "
                                    f"{exc}") from exc
