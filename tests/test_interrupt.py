@@ -174,3 +174,15 @@ def test_an_unclosed_manager_pool_is_quiet_at_exit(tmp_path):
     assert done.stdout.strip() == "[0, 1, 4, 9, 16]"
     # no per-worker "killed by signal 15 (SIGTERM)" warnings when the server stops them
     assert "SIGTERM" not in done.stderr and "killed by signal" not in done.stderr, done.stderr
+
+
+def test_ctrl_c_while_the_command_loads_its_subcommands(monkeypatch, capsys):
+    """The first second of ``fiberrl ...`` imports every subcommand (torch, numpy):
+    Ctrl-C there is one line and exit 130 too, not an import traceback."""
+    import fiberrl.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["backends"]) == 130
+    assert capsys.readouterr().err == "fiberrl: interrupted\n"
