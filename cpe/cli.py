@@ -124,6 +124,8 @@ def main(args: argparse.Namespace) -> int:
     if getattr(args, "backend", None):
         from fiberrl.cli.jobs import check_backend
         check_backend(args.backend)
+    if not Path(args.file).exists():  # before any worker starts
+        raise UsageError(f"{args.file}: no such file or directory")
     wants_pool = args.workers > 1 and args.n_bootstrap > 0
     try:
         # the workers start (and import numpy and cpe) while the data loads

@@ -222,3 +222,11 @@ def test_workers_pay_from_the_measured_size():
     assert cli.workers_pay(50_000, 200, 2)
     assert not cli.workers_pay(49_999, 200, 2)
     assert not cli.workers_pay(10**9, 200, 1)
+
+
+def test_a_missing_file_is_refused_before_workers_start(tmp_path, capsys, monkeypatch):
+    started = []
+    monkeypatch.setattr(cli, "_start_pool", lambda *a: started.append(a))
+    assert cli.run(["evaluate", str(tmp_path / "none.jsonl"), "--workers", "2"]) == 2
+    assert started == []
+    assert "none.jsonl: no such file or directory" in capsys.readouterr().err
