@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import fiberrl
 from fiberrl._runtime import interrupts
 from fiberrl.backends.base import JobSpec
 from fiberrl.backends.local import LocalBackend
@@ -23,17 +24,35 @@ def _blocked(pid):
     raise AssertionError("no SigBlk line")
 
 
-def test_an_execd_local_job_starts_with_sigint_blocked():
+def _start_and_read_mask(command):
     backend = LocalBackend()
-    job = backend.create_job(JobSpec(command=["sleep", "30"], name="held"))
+    job = backend.create_job(JobSpec(command=command, name="held"))
     try:
-        time.sleep(0.2)
-        assert _blocked(job.pid) & (1 << (signal.SIGINT - 1))
+        time.sleep(0.3)
+        return _blocked(job.pid) & (1 << (signal.SIGINT - 1))
     finally:
         backend.terminate(job, force=True)
         backend.wait(job, timeout=10)
+
+
+def test_an_execd_job_of_the_entry_point_starts_with_sigint_blocked(tmp_path):
+    # a stand-in interpreter that only sleeps: what matters is the command's shape,
+    # ``PYTHON -m fiberrl.spawn`` (exec'd: the fork server is off)
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nexec sleep 30\n")
+    python.chmod(0o755)
+    fiberrl.init(forkserver=False)
+    try:
+        assert _start_and_read_mask([str(python), "-m", "fiberrl.spawn"])
+    finally:
+        fiberrl.config.reset()
     # ...and the launching thread got its own mask back
-    assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & {signal.SIGINT}
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_another_command_gets_ctrl_c_as_usual():
+    """``fiberrl run script.py`` and other commands: nothing would release SIGINT."""
+    assert not _start_and_read_mask(["sleep", "30"])
 
 
 def _run(code):
