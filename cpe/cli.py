@@ -8,6 +8,7 @@ sub-parsers (the ``fiberrl.commands`` entry point).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -22,6 +23,12 @@ from cpe.loading import load
 from cpe.sequential import SEQUENTIAL_ESTIMATORS
 
 logger = logging.getLogger(__name__)
+
+#: rows x bootstrap replicates from which ``--workers`` pays: the smallest size measured
+#: where the command with 2 or 4 workers beat one (50,000 rows x 200 replicates, JSON
+#: lines, 16 idle cores; docs/rl.md has the table). The workers start while the data
+#: loads, which hides their start; below this the bootstrap runs in this process.
+POOL_MIN_WORK = 10_000_000
 
 _DESCRIPTION = (
     "Estimate the value of a target policy from logged data (JSON lines, CSV, Parquet, or "
@@ -78,7 +85,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="interval level (default 0.95)")
     parser.add_argument("--workers", type=_positive_int, default=1,
                         help="fiberrl pool workers for the bootstrap (default 1: in this "
-                             "process); they pay only with free cores (see the README)")
+                             "process). They start while the data loads and pay only with "
+                             "free cores and enough work: from rows x replicates >= "
+                             f"{POOL_MIN_WORK:,} (50,000 rows at the default "
+                             f"{DEFAULT_N_BOOTSTRAP} replicates); below that the bootstrap "
+                             "runs in this process, with a note on stderr")
     parser.add_argument("--backend", default=None, help="fiberrl backend of the workers")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
@@ -113,16 +124,32 @@ def main(args: argparse.Namespace) -> int:
     if getattr(args, "backend", None):
         from fiberrl.cli.jobs import check_backend
         check_backend(args.backend)
+    if not Path(args.file).exists():  # before any worker starts
+        raise UsageError(f"{args.file}: no such file or directory")
+    wants_pool = args.workers > 1 and args.n_bootstrap > 0
     try:
-        data = load(args.file, format=args.format, gamma=args.gamma,
-                    target_policy=args.target_policy, temperature=args.temperature)
-        options = dict(estimators=estimators, n_bootstrap=args.n_bootstrap, seed=args.seed,
-                       confidence=args.confidence)
-        evaluate(data, **{**options, "n_bootstrap": 0})  # settings checked before workers start
-        if args.workers > 1 and args.n_bootstrap > 0:
-            report = _evaluate_on_pool(data, options, args.workers, getattr(args, "backend", None))
-        else:
-            report = evaluate(data, **options)
+        # the workers start (and import numpy and cpe) while the data loads
+        with (_start_pool(args.workers, getattr(args, "backend", None)) if wants_pool
+              else contextlib.nullcontext(None)) as pool:
+            data = load(args.file, format=args.format, gamma=args.gamma,
+                        target_policy=args.target_policy, temperature=args.temperature)
+            options = dict(estimators=estimators, n_bootstrap=args.n_bootstrap, seed=args.seed,
+                           confidence=args.confidence)
+            evaluate(data, **{**options, "n_bootstrap": 0})  # settings checked first
+            if pool is not None and not workers_pay(data.n, args.n_bootstrap, args.workers):
+                sys.stderr.write(f"{getattr(args, '_prog', None) or 'cpe evaluate'}: note: "
+                                 f"{data.n:,} rows x {args.n_bootstrap} replicates is too "
+                                 f"little work for {args.workers} workers to pay off (from "
+                                 f"{POOL_MIN_WORK:,}); running the bootstrap in this "
+                                 "process\n")
+                pool.terminate()
+                pool = None
+            if pool is not None:
+                from fiberrl.backends import default_backend
+                report = evaluate(data, pool=pool, same_host=default_backend().shares_host,
+                                  **options)
+            else:
+                report = evaluate(data, **options)
     except (ValueError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from exc
     if args.json:
@@ -132,13 +159,38 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _evaluate_on_pool(data: Any, options: dict, workers: int, backend: str | None) -> Any:
-    """:func:`cpe.evaluate` with its bootstrap on a ``fiberrl.Pool`` of ``workers``."""
+def workers_pay(rows: int, n_bootstrap: int, workers: int) -> bool:
+    """Whether a bootstrap of ``rows`` x ``n_bootstrap`` is large enough for a pool of
+    ``workers`` to beat this process alone (see :data:`POOL_MIN_WORK`)."""
+    return workers > 1 and rows * n_bootstrap >= POOL_MIN_WORK
+
+
+def _start_pool(workers: int, backend: str | None) -> Any:
+    """A ``fiberrl.Pool`` of ``workers`` whose workers import the bootstrap's modules
+    as they start (it returns at once; they start in the background)."""
     import fiberrl
     if backend:
         fiberrl.init(backend=backend)
-    with fiberrl.Pool(workers) as pool:
-        return evaluate(data, pool=pool, **options)
+    return fiberrl.Pool(workers, initializer=_warm_up)
+
+
+def evaluate_on_pool(data: Any, options: dict, workers: int, backend: str | None,
+                     same_host: bool | None = None) -> Any:
+    """:func:`cpe.evaluate` with its bootstrap on a ``fiberrl.Pool`` of ``workers``,
+    started here (the bench's view; the command starts it before loading the data).
+
+    ``same_host`` (default: whether the backend's jobs share this host) sends the
+    features through one shared file instead of a copy per worker."""
+    from fiberrl.backends import default_backend
+    with _start_pool(workers, backend) as pool:
+        if same_host is None:
+            same_host = default_backend().shares_host
+        return evaluate(data, pool=pool, same_host=same_host, **options)
+
+
+def _warm_up() -> None:
+    """Pool initializer: import what a bootstrap chunk needs (numpy, cpe) at start."""
+    import cpe.bootstrap  # noqa: F401
 
 
 def _add_evaluate(subparsers: Any) -> argparse.ArgumentParser:

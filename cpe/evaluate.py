@@ -69,6 +69,7 @@ def evaluate(
     n_bootstrap: int = DEFAULT_N_BOOTSTRAP,
     seed: int | np.random.SeedSequence | None = None,
     pool: PoolLike | None = None,
+    same_host: bool = False,
     confidence: float = 0.95,
     magic_j_steps: int | Sequence[int] | None = None,
     magic_ci_level: float = DEFAULT_CI_LEVEL,
@@ -84,6 +85,9 @@ def evaluate(
         seed: seed for the bootstrap (``None``: fresh entropy, recorded in the report).
         pool: optional ``multiprocessing.Pool``-like object; bootstrap chunks are
             mapped over it (same result as serial for the same seed).
+        same_host: the pool's workers run on this machine: the bootstrap's features
+            reach them through one shared file in ``/dev/shm`` instead of one copy per
+            worker in the pool's messages (faster; wrong for workers elsewhere).
         confidence: level of the percentile intervals.
         magic_j_steps: which j-step returns MAGIC blends (see
             :func:`cpe.magic.select_j_steps`).
@@ -117,7 +121,7 @@ def evaluate(
 
     values = point_estimate(statistic)
     if n_bootstrap > 0:
-        replicates = bootstrap(statistic, int(n_bootstrap), seed_seq, pool)
+        replicates = bootstrap(statistic, int(n_bootstrap), seed_seq, pool, same_host)
         stderr, low, high = summarize(replicates, confidence)
     else:
         stderr = low = high = np.full(len(names), np.nan)

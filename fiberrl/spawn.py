@@ -1,5 +1,8 @@
 """Job entry point: ``python -m fiberrl.spawn``.
 
+SIGINT stays blocked from the job's start until step 5 is about to run the target
+(:mod:`fiberrl._runtime.interrupts`): a Ctrl-C while the job starts ends it quietly.
+
 1. read the parent's runtime address, the one-time token and the run's secret from
    the environment (and take the last two out of it);
 2. say hello to the parent's "spawn" service and receive the payload (authenticated);
@@ -21,7 +24,7 @@ from typing import Optional
 from multiprocessing import process as _mp_process
 
 from . import log, reduction
-from ._runtime import jobenv
+from ._runtime import interrupts, jobenv
 from ._runtime.jobenv import JOB_ENV, SENTINEL_ENV, STARTED_ENV, TOKEN_ENV, parent_address
 from ._runtime.liveness import ParentWatch, start_parent_watch
 from ._runtime.rpc import client_for
@@ -84,6 +87,7 @@ def _tell_started(fd: int) -> None:
 
 def main() -> int:
     """Run the job described by the environment; return its exit code."""
+    interrupts.hold()  # already held on the local backend; see _runtime.interrupts
     address, token = parent_address(), os.environ[TOKEN_ENV]
     secret = run_secret()  # read it before it leaves the environment
     _mp_process.current_process().authkey = secret
@@ -115,7 +119,12 @@ def main() -> int:
     start_parent_watch(watch)
     if started_fd is not None:
         _tell_started(int(started_fd))
-    exitcode = process_obj._bootstrap(parent_sentinel=parent_r)
+    if interrupts.release():
+        exitcode = process_obj._bootstrap(parent_sentinel=parent_r)
+        interrupts.hold()  # the exit below is not to be interrupted
+    else:  # Ctrl-C during start-up: the whole run is being interrupted
+        logger.debug("interrupted while starting; not running %s", process_obj.name)
+        exitcode = interrupts.INTERRUPTED_EXIT
     try:
         client.cast("spawn", "exit", token, exitcode)
     except OSError:

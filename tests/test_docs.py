@@ -1,8 +1,10 @@
 """Every code block of the README and of ``docs/*.md`` runs as written (local backend),
 so the documentation cannot drift from the code.
 
-Blocks are fenced (```python, ```sh, ```bash); an indented code block fails the test
-(the runner could not tell its language). The line just before a fence may tag it:
+Blocks are fenced (```python, ```sh, ```bash), at the margin or indented inside a
+list item (the fence's indentation is taken off its lines); an unfenced indented code
+block fails the test, in a list too (the runner could not tell its language, nor, in
+a list, code from prose). The line just before a fence may tag it:
 
 - ``<!-- docs-test: skip: REASON -->``: not run here (a Slurm cluster, Docker, an
   installer, a fragment); the reason is the skip message;
@@ -26,23 +28,37 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-FENCE = re.compile(r"^```(\w*)\s*$")
-TAG = re.compile(r"^<!--\s*docs-test:\s*(skip|slow|excerpt)\s*:?\s*(.*?)\s*-->\s*$")
+FENCE = re.compile(r"^( *)```(\w*)\s*$")
+CLOSE = re.compile(r"^ *```\s*$")
+TAG = re.compile(r"^\s*<!--\s*docs-test:\s*(skip|slow|excerpt)\s*:?\s*(.*?)\s*-->\s*$")
+LIST_ITEM = re.compile(r"^\s*([-*+]|\d+[.)])\s")
 BIN = str(Path(sys.executable).parent)
 
 
 def blocks(path):
     """(line, language, tag, argument, code) of each fenced block of ``path``."""
-    lines = path.read_text(encoding="utf-8").splitlines()
+    return blocks_of(path.read_text(encoding="utf-8"))
+
+
+def _dedent(line, indent):
+    return line[len(indent):] if line.startswith(indent) else line.lstrip(" ")
+
+
+def blocks_of(text):
+    """(line, language, tag, argument, code) of each fenced block of markdown ``text``;
+    a fence indented in a list item has its indentation taken off its lines."""
+    lines = text.splitlines()
     found, i = [], 0
     while i < len(lines):
         match = FENCE.match(lines[i])
         if match:
-            start, language = i, match.group(1)
-            end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+            start, indent, language = i, match.group(1), match.group(2)
+            end = next((j for j in range(i + 1, len(lines)) if CLOSE.match(lines[j])),
+                       len(lines))
             tag = TAG.match(lines[start - 1]) if start else None
+            code = "\n".join(_dedent(line, indent) for line in lines[start + 1:end]) + "\n"
             found.append((start + 1, language, tag.group(1) if tag else None,
-                          tag.group(2) if tag else "", "\n".join(lines[start + 1:end]) + "\n"))
+                          tag.group(2) if tag else "", code))
             i = end + 1
             continue
         i += 1
@@ -50,15 +66,22 @@ def blocks(path):
 
 
 def indented_blocks(path):
-    """Line numbers of indented code blocks (outside fences and lists)."""
-    lines, inside, found = path.read_text(encoding="utf-8").splitlines(), False, []
+    """Line numbers of unfenced indented code blocks of ``path``."""
+    return indented_blocks_of(path.read_text(encoding="utf-8"))
+
+
+def indented_blocks_of(text):
+    """Line numbers of unfenced indented code blocks of markdown ``text``: lines
+    indented by 4 spaces or more after a blank line, at the margin or in a list item
+    (where a list's own prose continues with 2 spaces; a nested item is no code)."""
+    lines, inside, found = text.splitlines(), False, []
     for n, line in enumerate(lines):
-        if FENCE.match(line) or (inside and line.startswith("```")):
+        if FENCE.match(line) or (inside and CLOSE.match(line)):
             inside = not inside
             continue
         if (not inside and line.startswith("    ") and line.strip() and n > 0
-                and not lines[n - 1].strip()
-                and not re.match(r"^\s*([-*]|\d+\.)\s", lines[n - 2] if n > 1 else "")):
+                and not lines[n - 1].strip() and not LIST_ITEM.match(line)
+                and not TAG.match(line)):
             found.append(n + 1)
     return found
 
@@ -129,3 +152,29 @@ def test_block_runs(scratch, doc, line, language, tag, argument, code):
         _run(["bash", "-euo", "pipefail", "-c", script], where)
     else:
         pytest.fail(f"{doc.name}:{line}: unknown block language {language!r}")
+
+
+LIST_DOC = """Intro.
+
+- a step, then its command:
+
+  <!-- docs-test: skip: an example -->
+  ```sh
+  .venv/bin/fiberrl ps
+  ```
+- another:
+
+      .venv/bin/fiberrl backends
+
+    - a nested item after a blank line is no code
+"""
+
+
+def test_the_runner_takes_fenced_blocks_inside_lists():
+    (line, language, tag, argument, code), = blocks_of(LIST_DOC)
+    assert (line, language, tag, argument) == (6, "sh", "skip", "an example")
+    assert code == ".venv/bin/fiberrl ps\n"   # the fence's indentation taken off
+
+
+def test_unfenced_code_inside_a_list_is_refused():
+    assert indented_blocks_of(LIST_DOC) == [11]

@@ -1,8 +1,8 @@
 """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) during a
 ``pool.map`` script and during ``fiberrl train es``: the command exits within 3 s,
 prints at most one line per process, leaves nothing running, and the pool does not
-report its interrupted workers as lost. Also: a never-closed ``Manager().Pool()``
-prints nothing at exit."""
+report its interrupted workers as lost; the same while the workers' interpreters are
+still starting. Also: a never-closed ``Manager().Pool()`` prints nothing at exit."""
 import os
 import signal
 import subprocess
@@ -46,9 +46,9 @@ def _session(pid):
     return alive
 
 
-def _interrupt(cmd, ready, cwd, env=None):
-    """Start ``cmd`` in its own session, wait until ``ready()``, SIGINT the group;
-    returns (exit status, seconds to exit, stderr)."""
+def _interrupt(cmd, ready, cwd, env=None, delay=0.5):
+    """Start ``cmd`` in its own session, wait until ``ready()`` and ``delay`` s more,
+    SIGINT the group; returns (exit status, seconds to exit, stderr)."""
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True, env=env)
     try:
@@ -57,7 +57,7 @@ def _interrupt(cmd, ready, cwd, env=None):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "never got ready"
             time.sleep(0.1)
-        time.sleep(0.5)
+        time.sleep(delay)
         started = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=30)
@@ -91,6 +91,63 @@ def test_ctrl_c_during_pool_map(tmp_path):
     assert err.strip() == "interrupted"
 
 
+EARLY_SCRIPT = """
+import sys, time
+import fiberrl
+
+def slow(x):
+    time.sleep(30)
+    return x
+
+if __name__ == "__main__":
+    with fiberrl.Pool(2) as pool:   # its workers start in the background from here
+        print("LAUNCHED", flush=True)
+        try:
+            pool.map(slow, range(8), chunksize=1)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.1, 0.15, 0.2, 0.3])
+def test_ctrl_c_while_workers_start(tmp_path, delay):
+    """Ctrl-C while the workers' interpreters are still starting (the first ones are
+    exec'd, the fork server is itself starting): no job prints a traceback, and the
+    caller is not left waiting. Several delays, since the window moves with load."""
+    script = tmp_path / "early.py"
+    script.write_text(EARLY_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code, took, err = _interrupt([sys.executable, str(script)],
+                                 lambda p: p.stdout.readline().startswith("LAUNCHED"), tmp_path,
+                                 env, delay=delay)
+    assert code == 130, err
+    assert took < 3, took
+    _check_quiet(err)
+    assert err.strip() == "interrupted"
+
+
+def test_a_blocked_caller_sees_ctrl_c_taken_by_another_thread(tmp_path):
+    """SIGINT may land on any thread of the process; Python raises it in the main
+    thread only when that runs, so ``get()`` must not block it for good."""
+    script = tmp_path / "poke.py"
+    script.write_text(
+        "import signal, threading, time\nimport fiberrl\n\n"
+        "def poke():\n    time.sleep(0.5)\n"
+        "    signal.pthread_kill(threading.get_ident(), signal.SIGINT)\n\n"
+        "if __name__ == '__main__':\n    with fiberrl.Pool(1) as pool:\n"
+        "        pool.apply(time.sleep, (0,))\n"
+        "        threading.Thread(target=poke).start()\n        started = time.monotonic()\n"
+        "        try:\n            pool.apply(time.sleep, (30,))\n"
+        "        except KeyboardInterrupt:\n"
+        "            print(round(time.monotonic() - started, 2))\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout) < 1.5, done.stdout
+
+
 @pytest.mark.slow
 def test_ctrl_c_during_fiberrl_train_es(tmp_path):
     pytest.importorskip("torch")
@@ -117,3 +174,15 @@ def test_an_unclosed_manager_pool_is_quiet_at_exit(tmp_path):
     assert done.stdout.strip() == "[0, 1, 4, 9, 16]"
     # no per-worker "killed by signal 15 (SIGTERM)" warnings when the server stops them
     assert "SIGTERM" not in done.stderr and "killed by signal" not in done.stderr, done.stderr
+
+
+def test_ctrl_c_while_the_command_loads_its_subcommands(monkeypatch, capsys):
+    """The first second of ``fiberrl ...`` imports every subcommand (torch, numpy):
+    Ctrl-C there is one line and exit 130 too, not an import traceback."""
+    import fiberrl.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["backends"]) == 130
+    assert capsys.readouterr().err == "fiberrl: interrupted\n"

@@ -63,8 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``fiberrl`` command."""
-    from .support import run_command
-    parser = build_parser()
+    from .support import INTERRUPTED_STATUS, run_command
+    try:  # the subcommands' imports (torch, numpy) take a while: Ctrl-C may come here
+        parser = build_parser()
+    except KeyboardInterrupt:
+        sys.stderr.write("fiberrl: interrupted\n")
+        return INTERRUPTED_STATUS
     args = parser.parse_args(argv)
     level = (args.log_level or os.environ.get("FIBERRL_LOG_LEVEL") or "WARNING").upper()
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")

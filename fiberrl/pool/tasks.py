@@ -31,6 +31,25 @@ APPLY, MAP, STARMAP = 0, 1, 2
 #: Set by a worker on an exception a map task raised: the failing item's offset in the chunk.
 ITEM_ATTRIBUTE = "_fiberrl_chunk_offset"
 
+#: seconds between a waiting caller's wake-ups. Ctrl-C's SIGINT may be delivered to
+#: any thread of this process; Python then raises KeyboardInterrupt in the main thread
+#: only when that thread next runs Python code, so a main thread blocked on a lock
+#: with no timeout would never see it (measured: a Ctrl-C while workers started
+#: could hang ``pool.map`` for good).
+_WAKE = 0.1
+
+
+def _wait(event: threading.Event, timeout: Optional[float]) -> bool:
+    """``event.wait(timeout)`` that a Ctrl-C interrupts within :data:`_WAKE` s."""
+    deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+    while True:
+        left = _WAKE if deadline is None else min(_WAKE, deadline - time.monotonic())
+        if event.wait(max(left, 0.0)):
+            return True
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+
+
 _task_ids = itertools.count(1)
 _func_ids = itertools.count(1)
 
@@ -239,11 +258,11 @@ class ApplyResult(Call):
 
     def wait(self, timeout: Optional[float] = None) -> None:
         """Wait until the result is ready or ``timeout`` seconds pass."""
-        self._event.wait(timeout)
+        _wait(self._event, timeout)
 
     def get(self, timeout: Optional[float] = None) -> Any:
         """The result; raises the task's exception, or TimeoutError after ``timeout`` s."""
-        if not self._event.wait(timeout):
+        if not _wait(self._event, timeout):
             raise TimeoutError(f"no result within {timeout} s")
         if self._success:
             return self._value

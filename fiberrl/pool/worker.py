@@ -40,13 +40,15 @@ from .. import reduction
 from ..errors import TaskDeserializationError
 from .tasks import APPLY, ITEM_ATTRIBUTE, MAP
 from .wire import WorkerConnection
+from .._runtime import interrupts
 from .._runtime.liveness import parent_watch
 
 logger = logging.getLogger(__name__)
 
 #: a worker's exit status after Ctrl-C (128 + SIGINT, as a shell reports it): it exits
-#: quietly, and the pool logs it as interrupted, not lost
-INTERRUPTED_EXIT = 130
+#: quietly, and the pool logs it as interrupted, not lost (a job interrupted while
+#: starting exits with the same status)
+INTERRUPTED_EXIT = interrupts.INTERRUPTED_EXIT
 _FLUSH_AFTER = 0.001   # seconds a finished result may wait for company
 _FLUSH_COUNT = 256
 

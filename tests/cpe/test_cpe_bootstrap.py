@@ -121,6 +121,36 @@ def test_spawn_pool_matches_serial(resource_tracker, bandit_log, trajectories):
     assert dict(pooled_traj) == dict(serial_traj)
 
 
+class _RecordingPool:
+    """Runs map in this process, recording how big each pickled task was."""
+
+    def __init__(self):
+        self.task_bytes = []
+
+    def map(self, fn, tasks):
+        import pickle
+        tasks = list(tasks)
+        self.task_bytes += [len(pickle.dumps(task)) for task in tasks]
+        return [fn(pickle.loads(pickle.dumps(task))) for task in tasks]
+
+
+def test_same_host_ships_the_features_as_a_file_with_the_same_result(trajectories):
+    """same_host: chunks carry the features' file name (a read-only map of the same
+    values, Fortran order kept), not the features; results are bit-for-bit the same
+    and the file is gone afterwards."""
+    import glob
+    import os
+    by_message, by_file = _RecordingPool(), _RecordingPool()
+    before = set(glob.glob("/dev/shm/cpe-features-*"))
+    copied = cpe.evaluate(trajectories, n_bootstrap=24, seed=7, pool=by_message)
+    mapped = cpe.evaluate(trajectories, n_bootstrap=24, seed=7, pool=by_file, same_host=True)
+    assert dict(mapped) == dict(copied) == dict(cpe.evaluate(trajectories, n_bootstrap=24,
+                                                            seed=7))
+    assert max(by_file.task_bytes) < 3000 < min(by_message.task_bytes)
+    if os.path.isdir("/dev/shm"):
+        assert set(glob.glob("/dev/shm/cpe-features-*")) == before
+
+
 def test_bootstrap_stderr_matches_analytic_for_means(bandit_log):
     report = cpe.evaluate(bandit_log, ["ips", "dm", "dr"], n_bootstrap=400, seed=0)
     w = bandit_log.importance_weights()

@@ -189,9 +189,44 @@ def resource_tracker():
     tracker.ensure_running()
 
 
-def test_workers_option_uses_a_pool_with_the_same_result(resource_tracker, tmp_path, capsys):
+def test_workers_option_uses_a_pool_with_the_same_result(resource_tracker, tmp_path, capsys,
+                                                         monkeypatch):
+    monkeypatch.setattr(cli, "POOL_MIN_WORK", 0)   # a pool whatever the size
+    used = []
+    real = cli.evaluate
+
+    def spy(data, *args, **kwargs):
+        used.append((kwargs.get("pool") is not None, kwargs.get("same_host")))
+        return real(data, *args, **kwargs)
+    monkeypatch.setattr(cli, "evaluate", spy)
     _, records = _bandit_records(200)
     path = _write_jsonl(tmp_path / "log.jsonl", records)
     serial = _run_json(capsys, path, "--seed", 4, "--n-bootstrap", 30)
     pooled = _run_json(capsys, path, "--seed", 4, "--n-bootstrap", 30, "--workers", 2)
     assert pooled["estimates"] == serial["estimates"]
+    assert used[-1] == (True, True)   # on the pool; local: features by a shared file
+
+
+def test_workers_below_the_threshold_run_in_this_process_and_say_so(tmp_path, capsys):
+    _, records = _bandit_records(200)
+    path = _write_jsonl(tmp_path / "log.jsonl", records)
+    serial = _run_json(capsys, path, "--seed", 4, "--n-bootstrap", 30)
+    assert cli.run(["evaluate", str(path), "--seed", "4", "--n-bootstrap", "30",
+                    "--workers", "2", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["estimates"] == serial["estimates"]
+    assert err.count("\n") == 1 and "200 rows x 30 replicates is too little work" in err
+
+
+def test_workers_pay_from_the_measured_size():
+    assert cli.workers_pay(50_000, 200, 2)
+    assert not cli.workers_pay(49_999, 200, 2)
+    assert not cli.workers_pay(10**9, 200, 1)
+
+
+def test_a_missing_file_is_refused_before_workers_start(tmp_path, capsys, monkeypatch):
+    started = []
+    monkeypatch.setattr(cli, "_start_pool", lambda *a: started.append(a))
+    assert cli.run(["evaluate", str(tmp_path / "none.jsonl"), "--workers", "2"]) == 2
+    assert started == []
+    assert "none.jsonl: no such file or directory" in capsys.readouterr().err

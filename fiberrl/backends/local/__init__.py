@@ -3,13 +3,15 @@
 Jobs that run fiberrl's own entry point (every ``Process`` and pool worker) are
 forked from a warm fork server (:mod:`fiberrl.backends.local.forkserver`) unless the
 ``forkserver`` setting is off; other commands, and any job the server cannot take,
-are started with ``subprocess``. A job's stdout and stderr are pumped by one selector thread (``fiberrl-output``)
+are started with ``subprocess``. Either way a job of fiberrl's entry point starts with
+SIGINT blocked until it is ready to take it (:mod:`fiberrl._runtime.interrupts`). A job's stdout and stderr are pumped by one selector thread (``fiberrl-output``)
 to this process's own stdout/stderr, so ``print`` in a child shows up as it does
 with ``multiprocessing``, while the last lines are kept for error messages.
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import selectors
@@ -19,6 +21,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..._runtime import interrupts
 from ...config import get_config
 from ...errors import BackendError
 from .. import addresses
@@ -144,10 +147,14 @@ class LocalBackend(Backend):
         if forked is not None:
             handle, stdout, stderr = forked
         else:
+            # fiberrl's own jobs start with Ctrl-C held until fiberrl.spawn is ready for it
+            # (see interrupts); any other command gets the terminal's Ctrl-C as usual
+            holding = interrupts.held() if forkable(spec.command) else contextlib.nullcontext()
             try:
-                handle = subprocess.Popen(spec.command, env=env, cwd=spec.cwd,
-                                          pass_fds=spec.pass_fds, stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                with holding:
+                    handle = subprocess.Popen(spec.command, env=env, cwd=spec.cwd,
+                                              pass_fds=spec.pass_fds, stdin=subprocess.DEVNULL,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             except OSError as exc:
                 raise BackendError(f"local backend could not start {spec.command[0]!r}: "
                                    f"{exc}") from exc

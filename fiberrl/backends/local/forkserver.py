@@ -25,7 +25,8 @@ first job starts no later than it would without a server.
 
 A job forked here dies with the server (``PR_SET_PDEATHSIG``): only the server can
 reap it and report its exit code. It has no threads but the main one, a fresh random seed (``random``
-reseeds after ``fork``) and the job's own environment, descriptors and signals. What
+reseeds after ``fork``) and the job's own environment, descriptors and signals
+(SIGINT held until the job is ready for it: :mod:`fiberrl._runtime.interrupts`). What
 it shares with its siblings is what a fork shares: the modules imported below and
 the hash seed of ``str`` (fixed per server, as with the stdlib's forkserver).
 Interpreter start-up variables (``PYTHON*``, ``LD_*``) cannot change after start, so
@@ -50,6 +51,8 @@ import sys
 import tempfile
 import traceback
 from typing import Callable, Dict, List, Optional, Tuple
+
+from ..._runtime import interrupts
 
 logger = logging.getLogger(__name__)
 
@@ -227,6 +230,7 @@ class _Server:
             os.close(self.wake_r)
             os.close(self.wake_w)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            interrupts.hold()   # (inherited already) until fiberrl.spawn releases it
             signal.signal(signal.SIGINT, signal.default_int_handler)
             _place_stdio(out_fd, err_fd)
             _place_fds(passed, request["fds"])
@@ -301,7 +305,9 @@ def _exit(code: int) -> None:
 
 def main(argv: Tuple[str, ...] = tuple(sys.argv[1:])) -> None:
     """``python -m fiberrl.backends.local CONTROL_FD [MODULE...]`` (see ``__main__``)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is for the parent and the jobs
+    # Ctrl-C is for the parent and the jobs. The server was started with SIGINT
+    # blocked, and keeps it so: the jobs it forks inherit the mask.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     control = socket.socket(fileno=int(argv[0]))
     import importlib
     for name in PRELOAD:

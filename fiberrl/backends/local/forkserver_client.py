@@ -19,6 +19,7 @@ import subprocess
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..._runtime import interrupts
 from ...errors import ForkServerError
 from .forkserver import MARKER_ENV, MAX_FDS, MAX_REQUEST, READY
 
@@ -101,9 +102,10 @@ class ForkServer:
         env[MARKER_ENV] = "1"
         self._start_up = _start_up_env(os.environ)
         try:
-            self.process = subprocess.Popen(
-                [python, "-m", "fiberrl.backends.local", str(theirs.fileno()), *_preload],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+            with interrupts.held():  # so that a Ctrl-C during its start-up is quiet too
+                self.process = subprocess.Popen(
+                    [python, "-m", "fiberrl.backends.local", str(theirs.fileno()), *_preload],
+                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
         except OSError:
             ours.close()
             raise
