@@ -45,7 +45,8 @@ __all__ = ["Listener", "Client", "answer_challenge", "deliver_challenge", "CHALL
 
 answer_challenge = _stdlib.answer_challenge
 deliver_challenge = _stdlib.deliver_challenge
-CHALLENGE = _stdlib.CHALLENGE
+#: the stdlib's challenge prefix (public up to Python 3.11, private since 3.12)
+CHALLENGE = getattr(_stdlib, "CHALLENGE", getattr(_stdlib, "_CHALLENGE", b"#CHALLENGE#"))
 families = _stdlib.families
 
 #: seconds a peer has to complete the challenge
