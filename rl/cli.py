@@ -79,6 +79,7 @@ def train_command(args: argparse.Namespace) -> int:
     preflight.check_env(args.algo, args.env)
     overrides = preflight.check_settings(args.algo, args.settings)
     preflight.check_backend(args.backend)
+    preflight.check_devices(args.devices, args.ranks, args.backend)
     out = Path(args.out) if args.out else preflight.default_out(args.algo, args.env)
     preflight.check_out(out, args.resume, f"each run gets runs/{args.algo}-ENV-TIMESTAMP")
     from .train import TrainSpec, train

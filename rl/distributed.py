@@ -106,11 +106,25 @@ def _devices(devices: Any, world_size: int) -> List[str]:
         return ["cpu"] * world_size
     if devices == "cuda":
         local = _backend_is_local()
+        if local:
+            check_local_gpus(world_size)
         return [f"cuda:{r}" if local else "cuda:0" for r in range(world_size)]
     devices = list(devices)
     if len(devices) != world_size:
         raise ValueError(f"{len(devices)} devices for {world_size} ranks")
     return [str(d) for d in devices]
+
+
+def check_local_gpus(world_size: int) -> None:
+    """On the local backend rank ``r`` takes ``cuda:r``: refuse at once, before any rank
+    starts, when this host has fewer GPUs than ranks (a rank would fail inside CUDA)."""
+    import torch
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count < world_size:
+        raise ValueError(
+            f"{world_size} rank(s) with devices='cuda' need {world_size} GPU(s) on this host "
+            f"(the local backend gives rank r cuda:r), but torch sees {count}; use fewer "
+            "ranks, devices='cpu', or a backend that places each rank on its own GPU")
 
 
 def _backend_is_local() -> bool:

@@ -150,6 +150,20 @@ def check_backend(name: Optional[str]) -> None:
         check(name)
 
 
+def check_devices(devices: Optional[str], ranks: int, backend: Optional[str]) -> None:
+    """``--devices cuda`` on the local backend needs one GPU per rank on this host."""
+    if devices != "cuda":
+        return
+    from fiberrl.config import get_config
+    if (backend or get_config().backend) != "local":
+        return  # the cluster places each rank on a GPU of its own node
+    from .distributed import check_local_gpus
+    try:
+        check_local_gpus(ranks)
+    except ValueError as error:
+        raise UsageError(f"--devices cuda: {error}") from None
+
+
 def default_out(algo: str, env_id: str, now: Optional[float] = None) -> Path:
     """``runs/<algo>-<env>-<YYYYmmdd-HHMMSS>``, the env id made path-safe."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))

@@ -33,6 +33,9 @@ BAD = [
      "fiberrl train: error: --set nosuch: ppo has no setting 'nosuch'"),
     (["train", "es", "--env", "CartPole-v1", "--backend", "nosuch", "--out", "out"],
      "fiberrl train: error: unknown backend 'nosuch'"),
+    (["train", "ppo", "--env", "CartPole-v1", "--ranks", "64", "--devices", "cuda", "--out", "out"],
+     "fiberrl train: error: --devices cuda: 64 rank(s) with devices='cuda' need 64 GPU(s) on "
+     "this host"),   # on the GPU machine it was RankFailedError from inside CUDA, status 1
     (["train", "ppo", "--env", "CartPole-v1", "--total-steps", "x"],
      "fiberrl train: error: argument --total-steps: invalid int value"),
     (["workflow", "timeline", "--input", "nosuch.jsonl", "--out", "out", "--gamma", "0.9"],
