@@ -127,3 +127,20 @@ def test_out_reuse_is_refused_and_resume_continues(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["env_steps"] == 1024 and summary["curve"][0][0] == 0
     assert len(list((out / "tb").iterdir())) <= 2
+
+
+def test_output_piped_into_a_reader_that_leaves_ends_quietly(tmp_path):
+    """``fiberrl ps | head -1``: once the reader has gone, the command stops with the
+    shell's SIGPIPE status and prints nothing (it printed 'error: BrokenPipeError')."""
+    script = (
+        "import argparse, sys\n"
+        "from fiberrl.cli.support import run_command\n"
+        "def lots(args):\n"
+        "    for i in range(200000):\n"
+        "        print('job', i)\n"
+        "sys.exit(run_command(lots, argparse.Namespace(), 'fiberrl ps'))\n")
+    done = subprocess.run(f"{sys.executable} -c \"{script}\" | head -1", shell=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=120, executable="/bin/bash")
+    assert done.stdout == "job 0\n"
+    assert done.stderr == "", done.stderr

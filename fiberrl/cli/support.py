@@ -94,10 +94,29 @@ def run_command(func: Callable[[argparse.Namespace], Any], args: argparse.Namesp
     except KeyboardInterrupt:
         _report(prog, "interrupted", debug)
         return INTERRUPTED_STATUS
+    except BrokenPipeError:
+        # the reader of our output left (``fiberrl ps | head``): stop quietly, as Unix
+        # tools do, and keep Python's exit flush from failing on the same pipe
+        _quiet_stdout()
+        return BROKEN_PIPE_STATUS
     except Exception as error:  # noqa: BLE001 - the contract: one line, the traceback on demand
         hint = "" if debug else " (run with --debug for the traceback)"
         _report(prog, f"error: {type(error).__name__}: {error}{hint}", debug)
         return 1
+
+
+#: the status of a command whose output pipe closed (128 + SIGPIPE, as a shell reports it)
+BROKEN_PIPE_STATUS = 141
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so that nothing more is written to a closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def _report(prog: str, message: str, debug: bool) -> None:
