@@ -30,6 +30,7 @@ import logging
 import os
 import select
 import socket
+import struct
 import threading
 import time
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
@@ -46,6 +47,29 @@ logger = logging.getLogger(__name__)
 
 
 
+_STAMP = struct.Struct("!QB")   # send time (CLOCK_MONOTONIC, ns), 1 if the message had no frames
+
+
+def stamped(frames: Sequence[Any]) -> List[Any]:
+    """``frames`` with the send time put in front of frame 0 (the signed frame)."""
+    if not frames:
+        return [_STAMP.pack(time.monotonic_ns(), 1)]
+    head = frames[0] if type(frames[0]) is bytes else bytes(frames[0])
+    return [_STAMP.pack(time.monotonic_ns(), 0) + head, *frames[1:]]
+
+
+def unstamp(message: Message) -> Tuple[int, Message]:
+    """``(send time, message as it was sent)`` of a stamped message."""
+    kind, frames = message
+    head = frames[0]
+    if len(head) < _STAMP.size:
+        raise ForgedMessageError("a pipe message without its send time")
+    sent, empty = _STAMP.unpack_from(head)
+    if empty:
+        return sent, (kind, [])
+    return sent, (kind, [head[_STAMP.size:], *frames[1:]])
+
+
 class Inbox:
     """The receiving side of one active pipe end: streams, local deliveries, wake-ups."""
 
@@ -58,7 +82,7 @@ class Inbox:
         os.set_blocking(self._wake_w, False)
         self._epoll.register(self._wake_r, select.EPOLLIN)
         self._lock = threading.Lock()
-        self._local: Deque[Message] = collections.deque()
+        self._local: Deque[Tuple[int, Message]] = collections.deque()   # (send time, message)
         self._readers: Dict[int, FrameReader] = {}
         self._watched: Optional[int] = None
         self.closed = False
@@ -88,7 +112,7 @@ class Inbox:
                 raise BrokenPipeError("that pipe end is no longer active in this process")
             if not self._local:
                 self._poke()
-            self._local.append((kind, frames))
+            self._local.append((time.monotonic_ns(), (kind, frames)))
 
     def wake(self) -> None:
         """Make :meth:`fileno` readable now (until the next :meth:`receive`)."""
@@ -126,10 +150,10 @@ class Inbox:
         """
         dropped = broke = False
         started = time.perf_counter()
-        before = len(into)
+        batches: List[List[Tuple[int, Message]]] = []   # (send time, message), per source
         for fd, _ in self._poll(timeout, started):
             if fd == self._wake_r:
-                self._take_local(into)
+                batches.append(self._take_local())
             elif fd == self._watched:
                 broke = True
             else:
@@ -137,13 +161,20 @@ class Inbox:
                 if reader is None:
                     continue
                 try:
-                    into.extend(reader.read())
+                    batches.append([unstamp(message) for message in reader.read()])
                 except EOFError as exc:
                     if isinstance(exc, ForgedMessageError):
                         logger.warning("dropped a pipe stream: %s", exc)
                     self._drop(fd)
                     dropped = True
-        if len(into) > before:
+        batches = [batch for batch in batches if batch]
+        if len(batches) == 1:
+            into.extend(message for _, message in batches[0])
+        elif batches:  # several senders at once: in the order they sent (module doc)
+            merged = [item for batch in batches for item in batch]
+            merged.sort(key=lambda item: item[0])   # stable: one sender's order is kept
+            into.extend(message for _, message in merged)
+        if batches:
             self._last_wait = time.perf_counter() - started
         return dropped, broke
 
@@ -169,14 +200,15 @@ class Inbox:
             if len(into) == before and not dropped:
                 return
 
-    def _take_local(self, into: Deque[Message]) -> None:
+    def _take_local(self) -> List[Tuple[int, Message]]:
         with self._lock:
             try:
                 os.read(self._wake_r, 4096)
             except BlockingIOError:
                 pass
-            into.extend(self._local)
+            taken = list(self._local)
             self._local.clear()
+            return taken
 
     def _drop(self, fd: int) -> None:
         with self._lock:
@@ -261,8 +293,9 @@ class Outbox:
         return self.stream.fileno()
 
     def send(self, kind: bytes, frames: Sequence[Any]) -> None:
-        """Write one message; ``OSError`` if the stream is broken."""
-        self.stream.send(kind, frames)
+        """Write one message, stamped with its send time; ``OSError`` if the stream is
+        broken."""
+        self.stream.send(kind, stamped(frames))
 
     def hung_up(self) -> bool:
         """True once the inbox closed its end (one ``poll`` of no time)."""

@@ -58,8 +58,6 @@ def _docker_module():
     return docker
 
 
-@dataclass
-
 def _host_pid(container: Any) -> Optional[int]:
     """The container's first process as dockerd's host sees it (unique on that host),
     for ``Process.pid``: inside, every container's job has the same small pid, and
@@ -71,6 +69,8 @@ def _host_pid(container: Any) -> Optional[int]:
         return None
     return pid or None
 
+
+@dataclass
 class _ContainerData:
     """The backend's private state for one container."""
 
