@@ -80,12 +80,13 @@ def test_functions_of_the_main_script(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", [pytest.param("slurm", marks=pytest.mark.slurm), "docker"])
+@pytest.mark.parametrize("backend", [pytest.param("slurm", marks=pytest.mark.slurm)])
 def test_on_a_cluster_backend_workers_are_jobs_and_a_crash_breaks_the_pool(tmp_path, backend):
     """On a backend whose jobs may run on other hosts, the executor's call queue (an OS
     pipe of the stdlib's ``Queue``) reaches its workers through fiberrl's relay, and
-    each worker has a pid of its own (the executor keys them by pid; inside containers
-    every job has the same small pid, so Docker jobs report the container's host pid)."""
+    each worker has a pid of its own (the executor keys them by pid). Not Docker: inside
+    containers every job has the same small pid, and ``Process.pid`` must be the pid the
+    job sees (``os.getpid()`` there), so the executor's keys would collide."""
     import backend_bindings
     with backend_bindings.bound(backend, tmp_path):
         with ProcessPoolExecutor(2, mp_context=fiberrl.get_context()) as executor:

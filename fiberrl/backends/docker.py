@@ -58,18 +58,6 @@ def _docker_module():
     return docker
 
 
-def _host_pid(container: Any) -> Optional[int]:
-    """The container's first process as dockerd's host sees it (unique on that host),
-    for ``Process.pid``: inside, every container's job has the same small pid, and
-    callers such as ``concurrent.futures`` key their workers by pid. None if unknown."""
-    try:
-        container.reload()
-        pid = int(container.attrs.get("State", {}).get("Pid") or 0)
-    except Exception:  # noqa: BLE001 - only a nicer pid is lost; the hello gives one
-        return None
-    return pid or None
-
-
 @dataclass
 class _ContainerData:
     """The backend's private state for one container."""
@@ -156,7 +144,7 @@ class DockerBackend(Backend):
         except self._docker.errors.APIError as exc:
             raise BackendError(f"dockerd refused {spec.name!r}: {exc.explanation or exc}") from exc
         job = Job(id=container.name, backend=self.name, spec=spec, host=container.short_id,
-                  data=_ContainerData(container), pid=_host_pid(container))
+                  data=_ContainerData(container))
         if self._forwarder is not None:
             self._forwarder.follow(container)
         logger.debug("started container %s (%s) for %s", container.name, image, spec.name)
