@@ -48,6 +48,7 @@ from typing import Any, Deque, List, Optional, Tuple
 
 from . import reduction
 from ._runtime.rpc import client_for
+from ._wire.buffers import receive_target, send_slice
 from ._wire.sockets import local_hostname
 from ._services.pipe_inbox import Inbox, LocalOutbox, Outbox, pipe_ends
 from ._services.pipe_registry import CLOSE, pipe_registry
@@ -309,23 +310,9 @@ class Connection:
         if type(buf) is bytes and offset == 0 and size is None:
             self._send_frames(_BYTES, [buf] if len(buf) < _SIGNED_BYTES else [b"", buf])
             return
-        view = memoryview(buf)
-        if view.itemsize > 1:
-            view = view.cast("B")
-        n = view.nbytes
-        if offset < 0:
-            raise ValueError("offset is negative")
-        if n < offset:
-            raise ValueError("buffer length < offset")
-        if size is None:
-            size = n - offset
-        elif size < 0:
-            raise ValueError("size is negative")
-        elif offset + size > n:
-            raise ValueError("buffer length < offset + size")
-        data = bytes(view[offset:offset + size])
+        data = send_slice(buf, offset, size)
         # small payloads travel as the signed frame; large ones unhashed (pipe_wire)
-        self._send_frames(_BYTES, [data] if size < _SIGNED_BYTES else [b"", data])
+        self._send_frames(_BYTES, [data] if len(data) < _SIGNED_BYTES else [b"", data])
 
     # -- receiving -------------------------------------------------------------------
     def _wait(self, timeout: Optional[float]) -> bool:
@@ -400,11 +387,7 @@ class Connection:
         Raises ``BufferTooShort`` (carrying the message) when it does not fit.
         """
         self._check_readable()
-        view = memoryview(buf)
-        if view.itemsize > 1:
-            view = view.cast("B")
-        if offset < 0 or offset > view.nbytes:
-            raise ValueError("offset out of bounds")
+        view = receive_target(buf, offset)
         kind, body = self._next()
         data = body[-1] if body else b""
         size = memoryview(data).nbytes

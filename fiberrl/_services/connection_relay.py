@@ -40,6 +40,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from .._runtime.liveness import job_watch
 from .._runtime.runtime import Runtime, service
+from .._wire.buffers import receive_target, send_slice
 from .._wire.sockets import Address
 from .._wire.stream import Stream, open_stream
 
@@ -198,13 +199,7 @@ class RelayedConnection:
         """Send the bytes of ``buf[offset:offset + size]`` as one message."""
         self._check_open()
         self._check_writable()
-        view = memoryview(buf).cast("B")
-        if offset < 0 or offset > len(view):
-            raise ValueError("offset is negative or beyond the buffer")
-        size = len(view) - offset if size is None else size
-        if size < 0 or offset + size > len(view):
-            raise ValueError("size is negative or beyond the buffer")
-        self._call(b"S", [bytes(view[offset:offset + size])])
+        self._call(b"S", [send_slice(buf, offset, size)])
 
     def send(self, obj: Any) -> None:
         """Send a picklable object."""
@@ -226,11 +221,9 @@ class RelayedConnection:
 
     def recv_bytes_into(self, buf: Any, offset: int = 0) -> int:
         """Receive one message into ``buf`` at ``offset``; returns its size."""
+        view = receive_target(buf, offset)   # checked before a message is taken
         data = self.recv_bytes()
-        view = memoryview(buf).cast("B")
-        if offset < 0 or offset > len(view):
-            raise ValueError("negative offset or offset beyond the buffer")
-        if offset + len(data) > len(view):
+        if offset + len(data) > view.nbytes:
             raise mp_connection.BufferTooShort(data)
         view[offset:offset + len(data)] = data
         return len(data)
