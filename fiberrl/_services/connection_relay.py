@@ -30,19 +30,18 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import socket
 import threading
 import time
 from multiprocessing import connection as mp_connection
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional, Tuple
 
-from .._runtime.liveness import job_watch
 from .._runtime.runtime import Runtime, service
 from .._wire.buffers import receive_target, send_slice
 from .._wire.sockets import Address
 from .._wire.stream import Stream, open_stream
+from .tickets import Tickets
 
 logger = logging.getLogger(__name__)
 
@@ -56,35 +55,22 @@ class ConnectionRelay:
 
     def __init__(self, rt: Runtime) -> None:
         self.runtime = rt
-        self._waiting: Dict[str, Tuple[mp_connection.Connection, Optional[str]]] = {}
-        self._lock = threading.Lock()
+        self._waiting: Tickets[mp_connection.Connection] = Tickets(lambda conn: conn.close())
         rt.acceptor.route("relay", self._take)
-        job_watch().on_end(self._job_ended)
 
     def register(self, conn: mp_connection.Connection, token: Optional[str]) -> str:
         """Keep a duplicate of ``conn`` for one job; returns its ticket."""
         duplicate = mp_connection.Connection(os.dup(conn.fileno()), conn.readable, conn.writable)
-        ticket = secrets.token_hex(12)
-        with self._lock:
-            self._waiting[ticket] = (duplicate, token)
-        return ticket
-
-    def _job_ended(self, token: str) -> None:
-        with self._lock:
-            gone = [t for t, (_, owner) in self._waiting.items() if owner == token]
-            conns = [self._waiting.pop(t)[0] for t in gone]
-        for conn in conns:
-            conn.close()
+        return self._waiting.keep(duplicate, token)
 
     def _take(self, label: str, sock: socket.socket, send_key: bytes, recv_key: bytes,
               leftover: bytes) -> bool:
         """On the loop: the authenticated stream of the job that took ``relay:<ticket>``."""
-        with self._lock:
-            entry = self._waiting.pop(label.partition(":")[2], None)
-        if entry is None:
+        conn = self._waiting.take(label.partition(":")[2])
+        if conn is None:
             return False   # unknown or already taken: "not here"
         stream = Stream(sock, send_key, recv_key, leftover)
-        threading.Thread(target=_serve, args=(entry[0], stream), daemon=True,
+        threading.Thread(target=_serve, args=(conn, stream), daemon=True,
                          name="fiberrl-relay").start()
         return True
 

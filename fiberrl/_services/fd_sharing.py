@@ -28,15 +28,13 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import socket
-import threading
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
-from .._runtime.liveness import job_watch
 from .._runtime.runtime import Runtime, service
 from .._wire.sockets import Address, wait_for
 from .._wire.stream import open_stream
+from .tickets import Tickets
 
 logger = logging.getLogger(__name__)
 
@@ -50,33 +48,19 @@ class FdLender:
 
     def __init__(self, rt: Runtime) -> None:
         self.runtime = rt
-        self._lent: Dict[str, Tuple[int, Optional[str]]] = {}
-        self._lock = threading.Lock()
+        self._lent: Tickets[int] = Tickets(os.close)
         rt.acceptor.route("fds", self._take)
-        job_watch().on_end(self._job_ended)
 
     def lend(self, fd: int, token: Optional[str]) -> str:
         """Keep a duplicate of ``fd`` for one borrower; returns its ticket."""
-        ticket = secrets.token_hex(12)
-        with self._lock:
-            self._lent[ticket] = (os.dup(fd), token)
-        return ticket
-
-    def _job_ended(self, token: str) -> None:
-        with self._lock:
-            gone = [t for t, (_, owner) in self._lent.items() if owner == token]
-            fds = [self._lent.pop(t)[0] for t in gone]
-        for fd in fds:
-            os.close(fd)
+        return self._lent.keep(os.dup(fd), token)
 
     def _take(self, label: str, sock: socket.socket, send_key: bytes, recv_key: bytes,
               leftover: bytes) -> bool:
         """On the loop: an authenticated borrower for ``fds:<ticket>``."""
-        with self._lock:
-            entry = self._lent.pop(label.partition(":")[2], None)
-        if entry is None:
+        fd = self._lent.take(label.partition(":")[2])
+        if fd is None:
             return False   # unknown or already taken: "not here"
-        fd = entry[0]
         # the set-up's answer is written after this returns: answer the borrower then
         self.runtime.reactor.call_soon(lambda: _hand_over(sock, fd))
         return True
