@@ -315,6 +315,8 @@ def main(argv: Tuple[str, ...] = tuple(sys.argv[1:])) -> None:
     for name in argv[1:]:  # the user's (set_forkserver_preload): skipped if missing
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
+    from fiberrl import config
+    config.field_types()   # computed once here, not in every job
     try:
         control.send(READY)
     except OSError:
