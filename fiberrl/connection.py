@@ -47,6 +47,7 @@ from multiprocessing import BufferTooShort
 from typing import Any, Deque, List, Optional, Tuple
 
 from . import reduction
+from ._runtime.jobenv import this_pid
 from ._runtime.rpc import client_for
 from ._wire.buffers import receive_target, send_slice
 from ._wire.sockets import local_hostname
@@ -126,18 +127,18 @@ class Connection:
         from ._runtime.jobenv import shipping_token
         client_for(self._registry).cast("pipe", "ship", self._pipe_id, self._end,
                                                   shipping_token())
-        if self._pid == os.getpid():
+        if self._pid == this_pid():
             self._hand_over()
         return (_rebuild, (self._pipe_id, self._end, self._registry, self._readable,
                            self._writable))
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("active" if self._pid == os.getpid() else "idle")
+        state = "closed" if self._closed else ("active" if self._pid == this_pid() else "idle")
         return f"<fiberrl.Connection pipe={self._pipe_id} end={self._end} {state}>"
 
     # -- activation ------------------------------------------------------------------
     def _activate(self, arrived: bool = False) -> None:
-        if self._pid == os.getpid():
+        if self._pid == this_pid():
             return
         from ._runtime.jobenv import current_job_token
         streams = pipe_ends()
@@ -402,7 +403,7 @@ class Connection:
         if self._closed:
             return
         try:
-            if self._pid == os.getpid() or self._dormant_pid == os.getpid():
+            if self._pid == this_pid() or self._dormant_pid == os.getpid():
                 self._release()
             elif not self._shipped:
                 self._close_unused()
@@ -410,7 +411,7 @@ class Connection:
             logger.debug("could not tell the peer of %r that it closed", self, exc_info=True)
         finally:
             self._closed = True
-            if self._pid == os.getpid():
+            if self._pid == this_pid():
                 self._disconnect()
                 self._close_inbox()
             _live.discard(self)
@@ -442,7 +443,7 @@ class Connection:
 
         With ``keep`` this process still holds the end (it was handed on): no EOF.
         """
-        if self._pid == os.getpid():
+        if self._pid == this_pid():
             self._inbox.drain(self._pending)
         unread = list(self._pending)
         (remaining,), _ = client_for(self._registry).call(
@@ -450,7 +451,7 @@ class Connection:
             [kind for kind, _ in unread], [len(body) for _, body in unread],
             keep, body=[frame for _, body in unread for frame in body], timeout=10.0)
         if not keep and remaining == 0 and not self._eof:
-            if self._pid == os.getpid():
+            if self._pid == this_pid():
                 self._send_frames(_CLOSE, [])
             else:
                 self._close_unused()
@@ -474,7 +475,7 @@ class Connection:
         self.close()
 
     def __del__(self) -> None:
-        if not getattr(self, "_closed", True) and self._pid == os.getpid():
+        if not getattr(self, "_closed", True) and self._pid == this_pid():
             try:
                 self._disconnect()
                 self._close_inbox()

@@ -20,6 +20,21 @@ SENTINEL_ENV = "FIBERRL_SENTINEL_FD"
 STARTED_ENV = "FIBERRL_STARTED_FD"
 
 _current_token: Optional[str] = None
+_pid = os.getpid()
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def this_pid() -> int:
+    """``os.getpid()`` without its system call (kept right across ``os.fork``): hot
+    paths (a pipe end checking it is active here on every message) ask it often."""
+    return _pid
 
 
 def parent_address() -> tuple:

@@ -148,34 +148,42 @@ class Inbox:
         Returns ``(stream_dropped, outbox_broke)``: a sender's stream ended, or the
         watched outbox did (either may mean the peer is gone: ask the rendezvous).
         """
-        dropped = broke = False
         started = time.perf_counter()
+        events = self._poll(timeout, started)
+        if not events:
+            return False, False
+        dropped = broke = False
         batches: List[List[Tuple[int, Message]]] = []   # (send time, message), per source
-        for fd, _ in self._poll(timeout, started):
+        for fd, _ in events:
             if fd == self._wake_r:
-                batches.append(self._take_local())
+                batch = self._take_local()
             elif fd == self._watched:
                 broke = True
+                continue
             else:
                 reader = self._readers.get(fd)
                 if reader is None:
                     continue
                 try:
-                    batches.append([unstamp(message) for message in reader.read()])
+                    batch = [unstamp(message) for message in reader.read()]
                 except EOFError as exc:
                     if isinstance(exc, ForgedMessageError):
                         logger.warning("dropped a pipe stream: %s", exc)
                     self._drop(fd)
                     dropped = True
-        batches = [batch for batch in batches if batch]
+                    continue
+            if batch:
+                batches.append(batch)
+        if not batches:
+            return dropped, broke
+        self._last_wait = time.perf_counter() - started
         if len(batches) == 1:
-            into.extend(message for _, message in batches[0])
-        elif batches:  # several senders at once: in the order they sent (module doc)
+            for _, message in batches[0]:
+                into.append(message)
+        else:  # several senders at once: in the order they sent (module doc)
             merged = [item for batch in batches for item in batch]
             merged.sort(key=lambda item: item[0])   # stable: one sender's order is kept
             into.extend(message for _, message in merged)
-        if batches:
-            self._last_wait = time.perf_counter() - started
         return dropped, broke
 
     def _poll(self, timeout: float, started: float) -> List[Tuple[int, int]]:
@@ -281,6 +289,9 @@ class Outbox:
 
     def __init__(self, stream: Stream) -> None:
         self.stream = stream
+        # On a Unix socket a write to a closed peer fails at once (EPIPE), so only TCP,
+        # where the first write after the peer's close still succeeds, needs a look.
+        self._look_before_send = stream.sock.family != socket.AF_UNIX
 
     @classmethod
     def open(cls, address: Address, pipe_id: str, end: int, timeout: float = 10.0) -> "Outbox":
@@ -298,8 +309,11 @@ class Outbox:
         self.stream.send(kind, stamped(frames))
 
     def hung_up(self) -> bool:
-        """True once the inbox closed its end (one ``poll`` of no time)."""
-        return self.stream.peer_hung_up()
+        """True once the inbox closed its end (over TCP, one ``poll`` of no time; on
+        a Unix socket ``send`` itself raises ``BrokenPipeError`` then)."""
+        if self._look_before_send:
+            return self.stream.peer_hung_up()
+        return self.stream.closed
 
     def close(self) -> None:
         """Close the stream."""
