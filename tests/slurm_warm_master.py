@@ -29,6 +29,19 @@ def square_after(pair):
     return x * x
 
 
+def say(word):
+    """Print ``word`` with this worker's pid on its output (its log); return the pid."""
+    print(f"said {word} in {os.getpid()}", flush=True)
+    return os.getpid()
+
+
+def _cli(*args):
+    """``fiberrl ARGS...`` in a subprocess: (exit code, stdout)."""
+    done = subprocess.run([sys.executable, "-m", "fiberrl.cli", *args], capture_output=True,
+                          text=True, timeout=120)
+    return done.returncode, done.stdout + done.stderr
+
+
 def _forked(pid):
     """Whether ``pid`` was forked by a fork server (its parent runs the local backend's)."""
     parent = psutil.Process(pid).parent()
@@ -81,6 +94,29 @@ def main(mode, arg=None):
             host = pool.workers()[0].job_id.rsplit(".", 1)[0]
             subprocess.run(["scancel", host], check=True, timeout=30)
             print("RESULTS_OK", result.get(timeout=180) == [i * i for i in range(80)], flush=True)
+        if mode == "cli":       # fiberrl ps / logs / cancel of forked workers by their ids
+            ids = sorted(w.job_id for w in pool.workers())
+            code, listing = _cli("ps", "--backend", "slurm")
+            print("PS_LISTS", code == 0 and all(i in listing.split() for i in ids), flush=True)
+            by_pid = {w.pid: w.job_id for w in pool.workers()}
+            said = {by_pid[pid] for pid in pool.map(say, ["hello-worker"] * 32, 1)}
+            target = sorted(said)[0]
+            code, log = _cli("logs", "--backend", "slurm", target)
+            victim = next(pid for pid, job_id in by_pid.items() if job_id == target)
+            print("LOGS_SHOW", code == 0 and f"said hello-worker in {victim}" in log, flush=True)
+            code, _ = _cli("logs", "--backend", "slurm", ids[0].rsplit(".", 1)[0] + ".99")
+            print("UNKNOWN_INDEX_EXIT", code, flush=True)
+            result = pool.map_async(square_after, [(0.3, i) for i in range(40)], 1)
+            time.sleep(1.0)
+            code, out = _cli("cancel", "--backend", "slurm", target)
+            print("CANCELLED", code == 0 and f"cancelled {target}" in out, flush=True)
+            print("RESULTS_OK", result.get(timeout=120) == [i * i for i in range(40)], flush=True)
+            deadline = time.monotonic() + 30
+            while psutil.pid_exists(victim) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            others = [pid for pid in by_pid if pid != victim]
+            print("ONLY_TARGET_GONE", not psutil.pid_exists(victim)
+                  and all(psutil.pid_exists(p) for p in others), flush=True)
         if mode == "node":      # take one node away mid-map (its slurmd and its processes)
             result = pool.map_async(where, [0.5] * 60, 1)
             time.sleep(3)

@@ -131,6 +131,16 @@ def test_kill_and_terminate_of_one_warm_worker_reach_it_alone(tmp_path):
     assert _line(out, "MAP_AFTER") == "True", out
 
 
+def test_the_cli_lists_shows_logs_of_and_cancels_one_forked_worker(tmp_path):
+    out = _master(tmp_path, "cli")
+    assert _line(out, "PS_LISTS") == "True", out
+    assert _line(out, "LOGS_SHOW") == "True", out
+    assert _line(out, "UNKNOWN_INDEX_EXIT") == "2", out
+    assert _line(out, "CANCELLED") == "True", out
+    assert _line(out, "RESULTS_OK") == "True", out
+    assert _line(out, "ONLY_TARGET_GONE") == "True", out
+
+
 @pytest.mark.slow
 def test_a_cancelled_host_job_reruns_all_its_workers_tasks(tmp_path):
     out = _master(tmp_path, "scancel")

@@ -248,6 +248,7 @@ class SlurmBackend(Backend):
             raise
         jobs = []
         for host, group, task_dir in zip(submitted, groups, dirs):
+            warm.remember_host(self.run_dir, host.id, task_dir)
             forked = []
             for index, spec in enumerate(group):
                 log = warm.log_path(task_dir, index)
@@ -441,25 +442,52 @@ class SlurmBackend(Backend):
 
     # -- the command line ---------------------------------------------------------------
     def list_jobs(self) -> List[JobInfo]:
-        out = run_slurm(["squeue", "--me", "-h", "-t", "all", "-o", "%i|%j|%T|%N|%k|%V"])
+        out = run_slurm(["squeue", "--me", "-h", "-t", "all", "-o", "%i|%j|%T|%N|%k|%V|%o"])
         jobs = []
         for line in out.splitlines():
-            job_id, name, state, nodes, comment, submitted = (line.split("|") + [""] * 6)[:6]
+            job_id, name, state, nodes, comment, submitted, command = (line.split("|") + [""] * 7)[:7]
             if comment.startswith(slurm_submit.COMMENT_PREFIX):
-                jobs.append(JobInfo(id=job_id, backend=self.name, name=name, state=state,
-                                    run=comment[len(slurm_submit.COMMENT_PREFIX):], host=nodes,
-                                    created=submitted))
+                info = JobInfo(id=job_id, backend=self.name, name=name, state=state,
+                               run=comment[len(slurm_submit.COMMENT_PREFIX):], host=nodes,
+                               created=submitted)
+                jobs.append(info)
+                jobs += self._forked_infos(info, command)
         return jobs
 
+    def _forked_infos(self, host: JobInfo, command: str) -> List[JobInfo]:
+        """Rows for the jobs a warm host job forks (``<host>.<n>``), found beside its log."""
+        task_dir = warm.remembered_task_dir(os.path.dirname(command), host.id) if command else None
+        if task_dir is None:
+            return []
+        rows = []
+        for index in range(warm.forked_count(task_dir)):
+            slot = warm.WarmSlot(host=host.id, task_dir=task_dir, index=index)
+            code = slot.exit_code()
+            state = host.state if code is None else ("COMPLETED" if code == 0 else "FAILED")
+            rows.append(JobInfo(id=f"{host.id}.{index}", backend=self.name, name=host.name,
+                                run=host.run, state=state, host=host.host, created=host.created))
+        return rows
+
     def attach(self, job_id: str) -> Job:
+        forked = warm.parse_forked_id(job_id)
+        host_id = forked[0] if forked else job_id
         try:
-            out = run_slurm(["scontrol", "-o", "show", "job", job_id])
+            out = run_slurm(["scontrol", "-o", "show", "job", host_id])
         except BackendError as exc:
-            raise BackendError(f"no Slurm job {job_id!r}: {exc}") from None
+            raise BackendError(f"no Slurm job {host_id!r}: {exc}") from None
         fields = dict(token.split("=", 1) for token in out.split() if "=" in token)
-        self._table.track([job_id], job_id.split("_")[0])
-        return Job(id=job_id, backend=self.name, spec=JobSpec(command=[], name=fields.get(
-            "JobName", job_id)), data=_JobData(log=fields.get("StdOut", "")))
+        self._table.track([host_id], host_id.split("_")[0])
+        spec = JobSpec(command=[], name=fields.get("JobName", job_id))
+        if forked is None:
+            return Job(id=job_id, backend=self.name, spec=spec,
+                       data=_JobData(log=fields.get("StdOut", "")))
+        run_dir = os.path.dirname(fields.get("StdOut", ""))
+        task_dir = warm.remembered_task_dir(run_dir, host_id)
+        if task_dir is None or forked[1] >= warm.forked_count(task_dir):
+            raise BackendError(f"Slurm job {host_id} forks no fiberrl job {job_id!r}")
+        slot = warm.WarmSlot(host=host_id, task_dir=task_dir, index=forked[1])
+        return Job(id=job_id, backend=self.name, spec=spec,
+                   data=_JobData(log=warm.log_path(task_dir, forked[1]), warm=slot))
 
     # -- the rest ---------------------------------------------------------------------
     def logs(self, job: Job, tail: int = 50) -> str:

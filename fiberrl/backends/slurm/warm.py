@@ -63,6 +63,8 @@ MASTER_STARTING = 64
 #: what a host job runs (``python -m`` this module, the task directory)
 AGENT_MODULE = "fiberrl.backends.slurm.agent"
 REQUEST_FILE = "workers.json"
+#: beside a host job's log: ``<host job id>.warm`` holds its task directory
+HOST_MARKER = ".warm"
 #: seconds between the agent's looks for kill requests and ended jobs
 POLL = 0.1
 _KILL = re.compile(r"^w(\d+)\.kill(\d+)$")
@@ -214,6 +216,40 @@ class WarmSlot:
         if host is None or host.state is JobState.PENDING:
             return JobStatus(JobState.PENDING, reason=host.reason if host else "")
         return JobStatus(JobState.RUNNING)
+
+
+_FORKED_ID = re.compile(r"^(\d+(?:_\d+)?)\.(\d+)$")
+
+
+def parse_forked_id(job_id: str) -> Optional[tuple]:
+    """``(host job id, index)`` of a forked job's id (``1234_5.3``), else None."""
+    match = _FORKED_ID.match(job_id)
+    return (match.group(1), int(match.group(2))) if match else None
+
+
+def remember_host(run_dir: str, host_id: str, task_dir: str) -> None:
+    """Note which task directory host job ``host_id`` serves, beside its log, so that
+    ``fiberrl ps``/``logs``/``cancel`` in another process find its forked jobs."""
+    path = os.path.join(run_dir, f"{host_id}{HOST_MARKER}")
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        fh.write(task_dir)
+
+
+def remembered_task_dir(run_dir: str, host_id: str) -> Optional[str]:
+    """The task directory :func:`remember_host` noted for ``host_id``, if any."""
+    try:
+        with open(os.path.join(run_dir, f"{host_id}{HOST_MARKER}")) as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+def forked_count(task_dir: str) -> int:
+    """How many jobs the host job of ``task_dir`` forks (0 if its request is unreadable)."""
+    try:
+        return len(read_request(task_dir)["jobs"])
+    except (OSError, ValueError):
+        return 0
 
 
 def task_dirs(run_dir: str, key: str, count: int) -> List[str]:
