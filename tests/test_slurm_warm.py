@@ -194,3 +194,68 @@ def test_the_agent_paces_its_starts_forwards_kills_and_records_exits(tmp_path):
     for start, _ in spans:   # never more than 2 started and not yet up
         assert sum(1 for s, up in spans if s <= start < up) <= 2, spans
     assert "exec'ing them" in done.stderr   # not fiberrl jobs: no fork server for them
+
+
+ALLOCATION_MASTER = """
+import os, signal, sys, time
+import psutil
+import fiberrl
+
+def where(delay):
+    time.sleep(delay)
+    return os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID"), os.getpid()
+
+def square_after(pair):
+    time.sleep(pair[0])
+    return pair[1] * pair[1]
+
+def forked(pid):
+    parent = psutil.Process(pid).parent()
+    return parent is not None and "fiberrl.backends.local" in " ".join(parent.cmdline())
+
+if __name__ == "__main__":
+    with fiberrl.Pool(4, workers_per_job=2) as pool:
+        seen = set()
+        while len({pid for _, _, pid in seen}) < 4:
+            seen |= set(pool.map(where, [0.2] * 16, 1))
+        print("ALLOCATION", os.environ["SLURM_JOB_ID"], flush=True)
+        print("SEEN", sorted(seen), flush=True)
+        print("IDS", sorted(w.job_id for w in pool.workers()), flush=True)
+        pids = sorted({pid for _, _, pid in seen})
+        print("FORKED", all(forked(pid) for pid in pids), flush=True)
+        result = pool.map_async(square_after, [(0.3, i) for i in range(40)], 1)
+        time.sleep(1.0)
+        os.kill(pids[0], signal.SIGKILL)
+        print("RESULTS_OK", result.get(timeout=120) == [i * i for i in range(40)], flush=True)
+        print("SIBLINGS_ALIVE", all(psutil.pid_exists(p) for p in pids[1:]), flush=True)
+        print("DEATHS", pool.stats().worker_deaths, flush=True)
+"""
+
+
+def test_inside_an_allocation_workers_are_forked_by_host_job_steps(tmp_path):
+    conf = slurm_cluster.up("single")
+    master = tmp_path / "master.py"
+    master.write_text(ALLOCATION_MASTER)
+    out = tmp_path / "master.out"
+    env = {**os.environ, "SLURM_CONF": conf,
+           "PYTHONPATH": os.pathsep.join([str(MASTER.parent.parent), os.environ.get("PYTHONPATH", "")])}
+    env.pop("FIBERRL_BACKEND", None)   # detected: inside an allocation
+    try:
+        job = subprocess.run(["sbatch", "--parsable", "--wait", "-c", "4", "--mem=2G",
+                              f"--output={out}", "--wrap", f"{sys.executable} {master}"],
+                             env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        slurm_cluster.assert_no_live_jobs(conf, grace=30)
+    text = out.read_text()
+    assert job.returncode == 0, job.stderr + text
+    allocation = _line(text, "ALLOCATION")
+    seen = eval(_line(text, "SEEN"))
+    assert {job_id for job_id, _, _ in seen} == {allocation}, text  # no new Slurm job
+    steps = {step for _, step, _ in seen}
+    assert len(steps) == 2 and not steps & {None, "batch"}, text   # two host steps
+    ids = eval(_line(text, "IDS"))
+    assert all(i.startswith(f"{allocation}:") for i in ids), text
+    assert sorted(i.rsplit(".", 1)[1] for i in ids) == ["0", "0", "1", "1"], text
+    assert _line(text, "FORKED") == "True", text
+    assert _line(text, "RESULTS_OK") == "True" and _line(text, "SIBLINGS_ALIVE") == "True", text
+    assert _line(text, "DEATHS") == "1", text

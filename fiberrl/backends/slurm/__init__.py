@@ -163,6 +163,7 @@ class SlurmBackend(Backend):
         os.makedirs(self.run_dir, exist_ok=True)
         self._table = JobTable()
         self._hosts: Dict[str, List[Job]] = {}  # host job id -> the jobs it forks
+        self._step_hosts: Dict[str, Job] = {}   # host jobs that are steps of the allocation
         self._follower = (_OutputFollower() if self._extra.get("slurm_forward_output", True)
                           else None)
         self.forwards_output = self._follower is not None
@@ -175,14 +176,14 @@ class SlurmBackend(Backend):
     def create_jobs(self, specs: List[JobSpec]) -> List[Job]:
         if not specs:
             return []
-        if self._allocation:
-            return super().create_jobs(specs) if len(specs) > 1 else [self._start_step(specs[0])]
         if len(specs) > 1 and slurm_submit.same_request(specs, self._extra):
             per_job = warm.workers_per_job(specs[0], self._extra)
             if per_job > 1:
                 return self._submit_warm(specs, per_job)
-            if self._use_arrays:
+            if self._use_arrays and not self._allocation:
                 return self._submit(specs)
+        if self._allocation:
+            return super().create_jobs(specs) if len(specs) > 1 else [self._start_step(specs[0])]
         jobs: List[Job] = []
         try:
             for spec in specs:
@@ -226,7 +227,8 @@ class SlurmBackend(Backend):
 
     def _submit_warm(self, specs: List[JobSpec], per_job: int) -> List[Job]:
         """Host jobs of ``per_job`` jobs each (see :mod:`.warm`): one array for the
-        full ones, one more job for a remainder that asks for less."""
+        full ones, one more job for a remainder that asks for less; inside an
+        allocation, one job step each."""
         shared = slurm_submit.shared_env(specs)
         groups = warm.groups(specs, per_job)
         dirs = warm.task_dirs(self.run_dir, uuid.uuid4().hex[:12], len(groups))
@@ -240,7 +242,11 @@ class SlurmBackend(Backend):
         submitted: List[Job] = []
         try:
             for batch in (full, hosts[len(full):]):
-                if batch:
+                if batch and self._allocation:
+                    for host in batch:
+                        submitted.append(self._start_step(host))
+                        self._step_hosts[submitted[-1].id] = submitted[-1]
+                elif batch:
                     submitted += self._submit(batch)
         except BaseException:
             for host in submitted:
@@ -314,6 +320,13 @@ class SlurmBackend(Backend):
 
     def _warm_status(self, job: Job) -> JobStatus:
         slot: warm.WarmSlot = job.data.warm
+        step = self._step_hosts.get(slot.host)
+        if step is not None:   # a host job that is a step of the allocation
+            host = self.status(step)
+            if host.state.finished:
+                with self._lock:
+                    self._hosts.pop(slot.host, None)
+            return slot.status(host, killed=job.data.killed)
         record = self._table.record(slot.host)
         host = None if record is None else status_of(record)
         if host is not None and host.state.finished:
@@ -373,7 +386,7 @@ class SlurmBackend(Backend):
         data: _JobData = job.data
         if data.final is not None:
             return None
-        if data.step is not None:
+        if data.step is not None or (data.warm and data.warm.host in self._step_hosts):
             job_id = self._allocation
             record = self._table.record(job_id, max_age=5.0) if job_id else None
             if record is None and job_id:
@@ -421,6 +434,11 @@ class SlurmBackend(Backend):
             if not forked or not all(j.data.warm.stop_asked for j in forked):
                 return
             del self._hosts[host_id]
+        step = self._step_hosts.get(host_id)
+        if step is not None:   # a step starts at once: stop it if its agent never ran
+            if step.data.step.poll() is None and self._step_id(step.data.step_name) is None:
+                self.terminate(step, force=True)
+            return
         record = self._table.record(host_id)
         if record is None or status_of(record).state is JobState.PENDING:
             try:

@@ -35,8 +35,9 @@ has connected to the master (it says so on a pipe, ``FIBERRL_STARTED_FD``) or en
 a master on a few cores is not asked for thousands of handshakes at once.
 
 Where warm hosts are not used although asked for: a single job (a lone ``Process``, a
-replacement for one lost worker: a host job for one would start two interpreters),
-and jobs inside an allocation (job steps, see :func:`~.allocation_for_steps`).
+replacement for one lost worker: a host job for one would start two interpreters).
+Inside an allocation (see :func:`~.allocation_for_steps`) each host job is a job step
+of it, ``srun --exact``, whose status is its ``srun``'s.
 """
 from __future__ import annotations
 
