@@ -42,6 +42,12 @@ __all__ = ["Queue", "JoinableQueue", "SimpleQueue"]
 logger = logging.getLogger(__name__)
 
 
+
+def _no_less_than_zero(timeout: Optional[float]) -> Optional[float]:
+    """A negative timeout waits no time, as with the stdlib's multiprocessing queues
+    (their semaphore's ``acquire`` treats it as 0: ``Empty``/``Full`` at once)."""
+    return 0.0 if timeout is not None and timeout < 0 else timeout
+
 class Queue:
     """A FIFO queue usable from every process of a run (``multiprocessing.Queue`` API)."""
 
@@ -120,6 +126,7 @@ class Queue:
     def put(self, obj: Any, block: bool = True, timeout: Optional[float] = None) -> None:
         """Put ``obj`` on the queue; raise ``queue.Full`` if no room came in time."""
         self._check_closed()
+        timeout = _no_less_than_zero(timeout)
         try:
             frames = reduction.dumps(obj)
         except Exception as exc:
@@ -161,8 +168,7 @@ class Queue:
     def get(self, block: bool = True, timeout: Optional[float] = None) -> Any:
         """Remove and return an item; raise ``queue.Empty`` if none came in time."""
         self._check_closed()
-        if timeout is not None and timeout < 0:
-            raise ValueError("'timeout' must be a non-negative number")
+        timeout = _no_less_than_zero(timeout)
         broker = self._broker()
         if broker is not None:
             return reduction.loads(self._get_local(broker, block, timeout))

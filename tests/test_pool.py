@@ -251,6 +251,12 @@ def test_pool_of_no_workers_is_refused(processes):
         fiberrl.Pool(processes)
 
 
+@pytest.mark.parametrize("processes", ["4", 2.5, True])
+def test_a_pool_size_that_is_no_int_is_a_type_error_as_with_the_stdlib(processes):
+    with pytest.raises(TypeError, match="processes must be at least 1, an int"):
+        fiberrl.Pool(processes)
+
+
 def test_default_size_is_the_cpu_count(make_pool):
     p = make_pool()
     assert p.processes == os.cpu_count() == p.stats().target

@@ -57,7 +57,7 @@ def test_get_timeout_raises_empty_in_time():
     assert 0.15 < time.monotonic() - started < 2
     with pytest.raises(pyqueue.Empty):
         q.get_nowait()
-    with pytest.raises(ValueError):
+    with pytest.raises(pyqueue.Empty):   # as the stdlib's: a negative timeout waits no time
         q.get(timeout=-1)
 
 
@@ -70,6 +70,8 @@ def test_maxsize_full_and_qsize():
         q.put(3, timeout=0.1)
     with pytest.raises(pyqueue.Full):
         q.put_nowait(3)
+    with pytest.raises(pyqueue.Full):
+        q.put(3, timeout=-1)
     assert q.get() == 1 and q.qsize() == 1 and not q.full()
 
 

@@ -401,9 +401,13 @@ class Pool:
 
 
 def _check_count(value: Any, name: str, allow_zero: bool = False) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < (0 if allow_zero else 1):
-        raise ValueError(f"{name} must be {'a non-negative' if allow_zero else 'at least 1, an'} "
-                         f"int, got {value!r}")
+    """A count argument: ``TypeError`` if not an int, ``ValueError`` if too small (the
+    stdlib's types for ``Pool('4')`` and ``Pool(0)``)."""
+    wanted = f"{name} must be {'a non-negative' if allow_zero else 'at least 1, an'} int"
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{wanted}, got {type(value).__name__} {value!r}")
+    if value < (0 if allow_zero else 1):
+        raise ValueError(f"{wanted}, got {value!r}")
 
 
 def _feed(core: _PoolCore, result: IMapIterator, iterator, chunksize: int, mode: int) -> None:
