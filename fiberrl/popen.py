@@ -217,6 +217,11 @@ class Popen:
                 pass
         return self._pid
 
+    @property
+    def known_pid(self) -> Optional[int]:
+        """The job's pid if it is known yet (never waits, unlike :attr:`pid`)."""
+        return self._pid
+
     def poll(self, flag: int = os.WNOHANG) -> Optional[int]:
         """Exit code if the job has finished, else None."""
         if self.returncode is None and self.job is not None:

@@ -63,6 +63,21 @@ class Process(_mp_process.BaseProcess):
         from .popen import Popen
         return Popen(process_obj)
 
+    def __repr__(self) -> str:
+        """As the stdlib's, but never waiting: a job that has not connected yet (a
+        pending cluster job) shows ``pid=None`` instead of blocking until it does."""
+        popen = self._popen
+        if popen is None or self._closed or not hasattr(popen, "known_pid"):
+            return super().__repr__()
+        code = popen.poll()
+        parts = [type(self).__name__, f"name={self._name!r}", f"pid={popen.known_pid}",
+                 f"parent={self._parent_pid}", "started" if code is None else "stopped"]
+        if code is not None:   # signals by name, as the stdlib writes them
+            parts.append(f"exitcode={_mp_process._exitcode_to_name.get(code, code)}")
+        if self.daemon:
+            parts.append("daemon")
+        return f"<{' '.join(parts)}>"
+
     @property
     def job_id(self) -> Optional[str]:
         """The backend's id of this process's job (None before ``start()``)."""

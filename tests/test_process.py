@@ -256,3 +256,23 @@ def test_a_script_that_starts_and_joins_two_processes_prints_nothing_on_stderr(t
                               timeout=120, cwd=tmp_path)
         assert done.returncode == 0 and done.stdout == "done [0, 0]\n", done
         assert done.stderr == ""
+
+
+def test_repr_of_a_job_that_has_not_connected_does_not_wait_for_its_pid():
+    """A pending cluster job's pid is learnt when it connects; ``pid`` waits for that
+    (up to the start timeout), but printing the process must not."""
+    class NotConnectedYet:
+        known_pid = None
+
+        @property
+        def pid(self):
+            raise AssertionError("repr waited for the pid")
+
+        def poll(self):
+            return None
+
+    proc = fiberrl.Process(target=print)
+    proc._popen = NotConnectedYet()
+    text = repr(proc)
+    proc._popen = None
+    assert text.startswith("<Process name=") and "pid=None" in text and "started" in text
