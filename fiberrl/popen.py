@@ -32,6 +32,7 @@ from typing import Iterator, Optional
 from . import reduction
 from ._runtime.jobenv import (JOB_ENV, PARENT_ENV, SENTINEL_ENV, TOKEN_ENV, address_env,
                               shipping_to)
+from ._runtime import interrupts
 from ._runtime.liveness import job_watch
 from ._services.spawn import spawn_service
 from ._wire.auth import secret_env
@@ -150,12 +151,21 @@ class Popen:
             batch.append(self)  # submitted when the submit_together() block ends
             return
         try:
-            job = backend.create_job(spec)
-        except BaseException as exc:
-            self._not_submitted(f"the backend refused the job: {exc}")
-            self.close()
+            # A Ctrl-C while the job is being created waits until the job is recorded
+            # here (it surfaces when the block ends), so that the job is stopped below
+            # instead of running on while the caller takes it as never started.
+            with interrupts.held():
+                try:
+                    job = backend.create_job(spec)
+                except BaseException as exc:
+                    self._not_submitted(f"the backend refused the job: {exc}")
+                    self.close()
+                    raise
+                self._launched(job)
+        except KeyboardInterrupt:
+            if self.job is not None:
+                self.backend.terminate(self.job, force=True)
             raise
-        self._launched(job)
 
     def _launched(self, job) -> None:
         """The backend accepted the job: hand over the sentinel and arm the start timeout."""

@@ -83,3 +83,34 @@ def test_held_restores_the_mask():
     with interrupts.held():
         assert signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_a_ctrl_c_while_start_creates_the_job_leaves_no_job_running(monkeypatch):
+    """Ctrl-C in the window where the backend has launched the job but start() has not
+    recorded it yet: start() raises KeyboardInterrupt and the job is stopped, instead
+    of running on (it would connect, take its process and run) while the caller takes
+    the process as never started."""
+    import psutil
+    from fiberrl import popen as fiberrl_popen
+    real_launched = fiberrl_popen.Popen._launched
+    launched = []
+
+    def ctrl_c_then_record(self, job):
+        launched.append(job)
+        signal.raise_signal(signal.SIGINT)   # the Ctrl-C lands before the job is recorded
+        real_launched(self, job)
+
+    monkeypatch.setattr(fiberrl_popen.Popen, "_launched", ctrl_c_then_record)
+    proc = fiberrl.Process(target=time.sleep, args=(60,))
+    try:
+        proc.start()
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("start() swallowed the Ctrl-C")
+    monkeypatch.undo()
+    assert launched and launched[0].pid
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(launched[0].pid) and psutil.Process(launched[0].pid).status() != "zombie":
+        assert time.monotonic() < deadline, "the job launched before the Ctrl-C still runs"
+        time.sleep(0.05)
