@@ -32,7 +32,6 @@ from typing import Iterator, Optional
 from . import reduction
 from ._runtime.jobenv import (JOB_ENV, PARENT_ENV, SENTINEL_ENV, TOKEN_ENV, address_env,
                               shipping_to)
-from ._runtime import interrupts
 from ._runtime.liveness import job_watch
 from ._services.spawn import spawn_service
 from ._wire.auth import secret_env
@@ -151,19 +150,15 @@ class Popen:
             batch.append(self)  # submitted when the submit_together() block ends
             return
         try:
-            # A Ctrl-C while the job is being created waits until the job is recorded
-            # here (it surfaces when the block ends), so that the job is stopped below
-            # instead of running on while the caller takes it as never started.
-            with interrupts.held():
-                try:
-                    job = backend.create_job(spec)
-                except BaseException as exc:
-                    self._not_submitted(f"the backend refused the job: {exc}")
-                    self.close()
-                    raise
-                self._launched(job)
-        except KeyboardInterrupt:
-            if self.job is not None:
+            self._launched(backend.create_job(spec))
+        except BaseException as exc:
+            # Whatever stops start() here (a refusal, a Ctrl-C) must not leave a job
+            # running that the caller takes as never started: one not recorded yet is
+            # refused when it connects (its token is dropped), a recorded one stopped.
+            if self.job is None:
+                self._not_submitted(f"the backend refused the job: {exc}")
+                self.close()
+            else:
                 self.backend.terminate(self.job, force=True)
             raise
 
