@@ -30,6 +30,7 @@ the other users' load; ratios taken in one run are the ones to compare.
 import argparse
 import logging
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -54,6 +55,35 @@ def nap(seconds):
     time.sleep(seconds)
     import socket
     return socket.gethostname(), os.getpid()
+
+
+def nap_noted(job):
+    """``nap(seconds)`` that first notes this attempt (task index, host, start time)
+    in a file of its own under ``directory``, a file system the nodes share."""
+    seconds, index, directory = job
+    import socket
+    host = socket.gethostname()
+    with open(os.path.join(directory, f"{index}.{host}.{os.getpid()}"), "w") as fh:
+        fh.write(repr(time.time()))
+    return nap(seconds)
+
+
+def rerun_delays(directory, node, killed_at):
+    """Seconds from the kill until each task that was running on ``node`` started again
+    elsewhere (from :func:`nap_noted`'s files)."""
+    attempts = {}
+    for name in os.listdir(directory):
+        index, host, _pid = name.rsplit(".", 2)
+        with open(os.path.join(directory, name)) as fh:
+            attempts.setdefault(int(index), []).append((float(fh.read()), host))
+    delays = []
+    for tries in attempts.values():
+        tries.sort()
+        lost = [t for t, host in tries if host == node and t < killed_at]
+        later = [t for t, host in tries if host != node and t > killed_at]
+        if lost and later and len(tries) > 1:
+            delays.append(later[0] - killed_at)
+    return sorted(delays)
 
 
 def master_usage():
@@ -152,15 +182,18 @@ def kill_tenth(pool, n, per_worker=4, d=0.5):
 
 def lose_node(pool, n, conf, d=0.5, per_worker=6):
     """Kill one multi-cluster node (slurmd + its namespace's processes) mid-map.
-    Returns (node, seconds from the kill until a task of the map ran on another node
-    after a task that was on the lost node failed to report, total seconds, deaths)."""
+    Returns (node, seconds from the kill until the map was done, total seconds, deaths,
+    hosts the results came from, seconds from the kill until each task that was running
+    on the lost node started again elsewhere)."""
+    import tempfile
+    notes = tempfile.mkdtemp(prefix="lose-node-", dir=os.environ.get("FIBERRL_BENCH_SHARED", "/var/tmp"))
     started = time.perf_counter()
-    result = pool.map_async(nap, [d] * (n * per_worker), chunksize=1)
+    result = pool.map_async(nap_noted, [(d, i, notes) for i in range(n * per_worker)], chunksize=1)
     time.sleep(d * 1.5)
     node = "fbrl-m1"
     state = os.path.dirname(conf)
     pid = open(os.path.join(state, f"slurmd-{node}.pid")).read().strip()
-    killed = time.perf_counter()
+    killed, killed_at = time.perf_counter(), time.time()
     subprocess.run(["bash", "-c", f"kill -9 {pid}; ip netns pids {node} | xargs -r kill -9"],
                    check=True)
     try:
@@ -172,7 +205,9 @@ def lose_node(pool, n, conf, d=0.5, per_worker=6):
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     restart.wait(300)
     hosts = {host for host, _ in results}
-    return node, done - killed, done - started, pool.stats().worker_deaths, hosts
+    delays = rerun_delays(notes, node, killed_at)
+    shutil.rmtree(notes, ignore_errors=True)
+    return node, done - killed, done - started, pool.stats().worker_deaths, hosts, delays
 
 
 def es_generations(pool, n, generations=3):
@@ -256,9 +291,13 @@ def run(n, args, per_job=1):
                   f"{pool_s:.2f} s in the map, {gen - pool_s:.2f} s in the learner, "
                   f"{per_worker:.3f} s of task time per worker")
         if "node" in only and args.backend == "slurm":
-            node, since, total, deaths, hosts = lose_node(pool, n, os.environ["SLURM_CONF"])
+            node, since, total, deaths, hosts, delays = lose_node(pool, n, os.environ["SLURM_CONF"])
             print(f"  node {node} lost mid-map: map done {since:.2f} s after the kill ({total:.2f} s in all), "
                   f"{deaths} worker deaths; results came from {len(hosts)} hosts")
+            if delays:
+                print(f"  its {len(delays)} running tasks started again elsewhere "
+                      f"{delays[0]:.2f}-{delays[-1]:.2f} s after the kill "
+                      f"(median {delays[len(delays) // 2]:.2f} s)")
     finally:
         pool.terminate()
         pool.join()
