@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import pickle
 import socket
+import sys
 import types
 from collections import ChainMap
 from typing import Any, List, Optional, Sequence, Union
@@ -125,14 +126,27 @@ _EXTRA_REDUCERS: dict = {_mp_connection.Connection: _reduce_stdlib_connection,
                          socket.socket: _reduce_socket}
 
 
+#: torch tensors' and storages' reducers (:mod:`fiberrl.reduction_torch`), added once
+#: torch has been imported; fiberrl itself never imports it
+_TORCH_REDUCERS: dict = {}
+
+
+def _add_torch_reducers() -> None:
+    if not _TORCH_REDUCERS and "torch" in sys.modules:
+        from .reduction_torch import reducers
+        _TORCH_REDUCERS.update(reducers())
+
+
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle, keeping the file names of code it sends by value."""
 
-    dispatch_table = ChainMap(_EXTRA_REDUCERS, {types.CodeType: _code_reduce_keeping_filename},
+    dispatch_table = ChainMap(_EXTRA_REDUCERS, _TORCH_REDUCERS,
+                              {types.CodeType: _code_reduce_keeping_filename},
                               cloudpickle.Pickler.dispatch_table)
 
 
 def _cloudpickle(obj: Any, buffer_callback: Any = None) -> bytes:
+    _add_torch_reducers()
     sink = io.BytesIO()
     _Pickler(sink, protocol=5, buffer_callback=buffer_callback).dump(obj)
     return sink.getvalue()
@@ -276,6 +290,7 @@ class ForkingPickler(_Pickler):
     pickler and does not consult them."""
 
     def __init__(self, file: Any, protocol: Any = None, *args: Any, **kwargs: Any) -> None:
+        _add_torch_reducers()
         super().__init__(file, 5 if protocol is None else protocol, *args, **kwargs)
 
     @classmethod
