@@ -1,9 +1,10 @@
 """The one serialization seam of fiberrl.
 
 Objects become a list of frames: ``[pickle_stream, buffer_1, buffer_2, ...]``.
-Pickle protocol 5 hands large contiguous buffers (numpy arrays, ``bytes``,
-``bytearray``, CPU torch tensors) to a callback instead of copying them into the
-stream, so they travel as separate ZeroMQ frames and are rebuilt without a copy.
+Pickle protocol 5 hands large contiguous buffers (numpy arrays, ``bytearray``, the
+storages of CPU torch tensors: :mod:`fiberrl.reduction_torch`) to a callback instead
+of copying them into the stream, so they travel as out-of-band frames of the wire and
+are rebuilt without a copy.
 
 Plain data (bytes, str, numbers, numpy arrays) goes through the C pickler; anything
 else through cloudpickle, so lambdas, closures and classes defined in ``__main__``,

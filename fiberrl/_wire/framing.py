@@ -11,9 +11,10 @@ stream, a header). Later frames are out-of-band buffers (numpy data, the payload
 are only ever used as buffers by an authenticated pickle stream and hashing them
 would halve the throughput of large arrays.
 
-Small messages are written in one piece; a large one is received straight into a
-buffer of its own size (one copy from the kernel, none after), so a 16 MiB array
-costs one ``recv_into`` loop.
+Small messages are written in one piece; a large one is received straight into
+buffers of its frames' sizes (one copy from the kernel, none after; each out-of-band
+frame in a buffer of its own, so it starts aligned), so a 16 MiB array costs one
+``recvmsg_into`` loop.
 """
 from __future__ import annotations
 
