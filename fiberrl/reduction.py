@@ -292,7 +292,12 @@ class ForkingPickler(_Pickler):
 
     def __init__(self, file: Any, protocol: Any = None, *args: Any, **kwargs: Any) -> None:
         _add_torch_reducers()
-        super().__init__(file, 5 if protocol is None else protocol, *args, **kwargs)
+        protocol = 5 if protocol is None else protocol
+        if 0 <= protocol < 5:   # out-of-band buffers need protocol 5: torch's own reduction
+            self.dispatch_table = ChainMap(_EXTRA_REDUCERS,
+                                           {types.CodeType: _code_reduce_keeping_filename},
+                                           cloudpickle.Pickler.dispatch_table)
+        super().__init__(file, protocol, *args, **kwargs)
 
     @classmethod
     def register(cls, type_: type, reduce: Any) -> None:

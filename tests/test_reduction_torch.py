@@ -62,6 +62,15 @@ def test_tensors_torch_must_pickle_itself_still_travel():
     assert torch.equal(_roundtrip(conj), conj)
 
 
+def test_forking_pickler_with_an_older_protocol_keeps_torchs_own_reduction():
+    import io
+    import pickle
+    tensor = torch.arange(100_000)
+    sink = io.BytesIO()
+    reduction.ForkingPickler(sink, 4).dump(tensor)   # no out-of-band buffer below protocol 5
+    assert torch.equal(pickle.loads(sink.getvalue()), tensor)
+
+
 def _echo(queue_in, queue_out):
     queue_out.put(queue_in.get(timeout=60))
 
