@@ -15,6 +15,7 @@ code execution (see :mod:`fiberrl._wire.framing`).
 """
 from __future__ import annotations
 
+import copyreg
 import io
 import pickle
 import socket
@@ -205,6 +206,22 @@ class _DataPickler(_Pickler):
         return super().reducer_override(obj)
 
 
+#: the C pickler's reducers: the torch ones (once loaded), then the standard library's
+_C_DISPATCH = ChainMap(_TORCH_REDUCERS, copyreg.dispatch_table)
+
+
+def _c_pickle(obj: Any, buffer_callback: Any) -> bytes:
+    """The C pickler's stream for ``obj``, tensors included (pool results are often
+    tensors; torch's own reduction would ``torch.save`` them into the stream)."""
+    if not _TORCH_REDUCERS:
+        return pickle.dumps(obj, protocol=5, buffer_callback=buffer_callback)
+    sink = io.BytesIO()
+    pickler = pickle.Pickler(sink, protocol=5, buffer_callback=buffer_callback)
+    pickler.dispatch_table = _C_DISPATCH
+    pickler.dump(obj)
+    return sink.getvalue()
+
+
 def dumps_data(obj: Any) -> Frames:
     """Like :func:`dumps` for results: functions must be importable by name.
 
@@ -221,8 +238,9 @@ def dumps_data(obj: Any) -> Frames:
         buffers.append(view)
         return False
 
+    _add_torch_reducers()
     try:
-        stream = pickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
+        stream = _c_pickle(obj, keep_out_of_band)
     except (pickle.PicklingError, AttributeError, TypeError):
         buffers.clear()
         sink = io.BytesIO()

@@ -71,6 +71,22 @@ def test_forking_pickler_with_an_older_protocol_keeps_torchs_own_reduction():
     assert torch.equal(pickle.loads(sink.getvalue()), tensor)
 
 
+def test_pool_results_carry_tensors_out_of_band():
+    tensor = torch.arange(100_000, dtype=torch.float64)
+    frames = reduction.dumps_data({"x": tensor})
+    assert len(frames[0]) < 2048 and torch.equal(reduction.loads(frames)["x"], tensor)
+
+
+def _tensor_of(n):
+    return torch.full((n,), float(n))
+
+
+def test_a_pool_returns_tensors():
+    with fiberrl.Pool(1) as pool:
+        got = pool.map(_tensor_of, [3, 70_000])
+    assert [torch.equal(t, _tensor_of(n)) for t, n in zip(got, [3, 70_000])] == [True, True]
+
+
 def _echo(queue_in, queue_out):
     queue_out.put(queue_in.get(timeout=60))
 
