@@ -1,9 +1,10 @@
 """The one serialization seam of fiberrl.
 
 Objects become a list of frames: ``[pickle_stream, buffer_1, buffer_2, ...]``.
-Pickle protocol 5 hands large contiguous buffers (numpy arrays, ``bytes``,
-``bytearray``, CPU torch tensors) to a callback instead of copying them into the
-stream, so they travel as separate ZeroMQ frames and are rebuilt without a copy.
+Pickle protocol 5 hands large contiguous buffers (numpy arrays, ``bytearray``, the
+storages of CPU torch tensors: :mod:`fiberrl.reduction_torch`) to a callback instead
+of copying them into the stream, so they travel as out-of-band frames of the wire and
+are rebuilt without a copy.
 
 Plain data (bytes, str, numbers, numpy arrays) goes through the C pickler; anything
 else through cloudpickle, so lambdas, closures and classes defined in ``__main__``,
@@ -14,9 +15,11 @@ code execution (see :mod:`fiberrl._wire.framing`).
 """
 from __future__ import annotations
 
+import copyreg
 import io
 import pickle
 import socket
+import sys
 import types
 from collections import ChainMap
 from typing import Any, List, Optional, Sequence, Union
@@ -125,14 +128,27 @@ _EXTRA_REDUCERS: dict = {_mp_connection.Connection: _reduce_stdlib_connection,
                          socket.socket: _reduce_socket}
 
 
+#: torch tensors' and storages' reducers (:mod:`fiberrl.reduction_torch`), added once
+#: torch has been imported; fiberrl itself never imports it
+_TORCH_REDUCERS: dict = {}
+
+
+def _add_torch_reducers() -> None:
+    if not _TORCH_REDUCERS and "torch" in sys.modules:
+        from .reduction_torch import reducers
+        _TORCH_REDUCERS.update(reducers())
+
+
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle, keeping the file names of code it sends by value."""
 
-    dispatch_table = ChainMap(_EXTRA_REDUCERS, {types.CodeType: _code_reduce_keeping_filename},
+    dispatch_table = ChainMap(_EXTRA_REDUCERS, _TORCH_REDUCERS,
+                              {types.CodeType: _code_reduce_keeping_filename},
                               cloudpickle.Pickler.dispatch_table)
 
 
 def _cloudpickle(obj: Any, buffer_callback: Any = None) -> bytes:
+    _add_torch_reducers()
     sink = io.BytesIO()
     _Pickler(sink, protocol=5, buffer_callback=buffer_callback).dump(obj)
     return sink.getvalue()
@@ -190,6 +206,22 @@ class _DataPickler(_Pickler):
         return super().reducer_override(obj)
 
 
+#: the C pickler's reducers: the torch ones (once loaded), then the standard library's
+_C_DISPATCH = ChainMap(_TORCH_REDUCERS, copyreg.dispatch_table)
+
+
+def _c_pickle(obj: Any, buffer_callback: Any) -> bytes:
+    """The C pickler's stream for ``obj``, tensors included (pool results are often
+    tensors; torch's own reduction would ``torch.save`` them into the stream)."""
+    if not _TORCH_REDUCERS:
+        return pickle.dumps(obj, protocol=5, buffer_callback=buffer_callback)
+    sink = io.BytesIO()
+    pickler = pickle.Pickler(sink, protocol=5, buffer_callback=buffer_callback)
+    pickler.dispatch_table = _C_DISPATCH
+    pickler.dump(obj)
+    return sink.getvalue()
+
+
 def dumps_data(obj: Any) -> Frames:
     """Like :func:`dumps` for results: functions must be importable by name.
 
@@ -206,8 +238,9 @@ def dumps_data(obj: Any) -> Frames:
         buffers.append(view)
         return False
 
+    _add_torch_reducers()
     try:
-        stream = pickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
+        stream = _c_pickle(obj, keep_out_of_band)
     except (pickle.PicklingError, AttributeError, TypeError):
         buffers.clear()
         sink = io.BytesIO()
@@ -276,7 +309,13 @@ class ForkingPickler(_Pickler):
     pickler and does not consult them."""
 
     def __init__(self, file: Any, protocol: Any = None, *args: Any, **kwargs: Any) -> None:
-        super().__init__(file, 5 if protocol is None else protocol, *args, **kwargs)
+        _add_torch_reducers()
+        protocol = 5 if protocol is None else protocol
+        if 0 <= protocol < 5:   # out-of-band buffers need protocol 5: torch's own reduction
+            self.dispatch_table = ChainMap(_EXTRA_REDUCERS,
+                                           {types.CodeType: _code_reduce_keeping_filename},
+                                           cloudpickle.Pickler.dispatch_table)
+        super().__init__(file, protocol, *args, **kwargs)
 
     @classmethod
     def register(cls, type_: type, reduce: Any) -> None:

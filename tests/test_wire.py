@@ -73,6 +73,29 @@ def test_small_and_large_messages_arrive_whole_and_in_order_both_ways(served):
     channel.close()
 
 
+def test_a_large_messages_buffers_arrive_each_aligned_and_writable(served):
+    """Frames after the first get buffers of their own (a tensor built on one needs
+    no copy to be aligned), whatever the odd sizes before them."""
+    address, channels = served
+    stream = open_stream(address, "test-wire")
+    channel = channels.get(timeout=10)
+    odd = np.arange(700_001, dtype=np.uint8)
+    big = np.arange(300_000, dtype=np.float32)
+    sent = [b"seven b", odd, b"", big, b"x" * 13]
+    writer = threading.Thread(target=lambda: stream.send(b"b", sent))
+    writer.start()
+    (kind, frames), = _drain(channel, 1)
+    writer.join(10)
+    assert kind == b"b" and bytes(frames[0]) == b"seven b" and len(frames) == 5
+    for got, want in zip(frames[1:], sent[1:]):
+        array = np.frombuffer(got, dtype=np.uint8)
+        assert bytes(array) == bytes(memoryview(want).cast("B"))
+        assert not memoryview(got).readonly
+        assert array.size == 0 or array.ctypes.data % 16 == 0
+    stream.close()
+    channel.close()
+
+
 def test_a_wrong_key_is_refused(served):
     address, channels = served
     with pytest.raises(AuthenticationError):

@@ -11,9 +11,10 @@ stream, a header). Later frames are out-of-band buffers (numpy data, the payload
 are only ever used as buffers by an authenticated pickle stream and hashing them
 would halve the throughput of large arrays.
 
-Small messages are written in one piece; a large one is received straight into a
-buffer of its own size (one copy from the kernel, none after), so a 16 MiB array
-costs one ``recv_into`` loop.
+Small messages are written in one piece; a large one is received straight into
+buffers of its frames' sizes (one copy from the kernel, none after; each out-of-band
+frame in a buffer of its own, so it starts aligned), so a 16 MiB array costs one
+``recvmsg_into`` loop.
 """
 from __future__ import annotations
 
@@ -112,7 +113,7 @@ class FrameReader:
         self.sock = sock
         self._verifier = verifier
         self._buf = bytearray(initial)
-        self._big: Optional[list] = None   # [kind, sizes, head, body, view, filled]
+        self._big: Optional[list] = None   # [kind, sizes, head, parts, empty]
 
     def pending(self) -> List[Message]:
         """Complete messages among bytes already received (none read from the socket)."""
@@ -185,29 +186,64 @@ class FrameReader:
 
     def _start_big(self, data: Any, pos: int, end: int, kind: bytes, sizes: List[int],
                    meta: int) -> None:
-        """A large message: receive the rest straight into one buffer of its size."""
-        body = bytearray(sum(sizes) + MAC_BYTES)
-        body[:end - meta] = data[meta:end]
-        self._big = [kind, sizes, bytes(data[pos:meta]), body, memoryview(body), end - meta]
+        """A large message: receive the rest straight into buffers of their frames' sizes.
+
+        Frame 0 and its MAC share one buffer; every later frame gets its own, so that
+        it starts where the allocator aligns memory (a tensor or an array built on it
+        needs no copy to be aligned)."""
+        first = sizes[0] if sizes else 0
+        parts = [bytearray(first + MAC_BYTES), *[bytearray(n) for n in sizes[1:]]]
+        empty = [memoryview(part) for part in parts if part]
+        received = memoryview(data)[meta:end]
+        while received.nbytes:   # what came with the message's head
+            n = min(received.nbytes, empty[0].nbytes)
+            empty[0][:n] = received[:n]
+            _drop_filled(empty, n)
+            received = received[n:]
+        self._big = [kind, sizes, bytes(data[pos:meta]), parts, empty]
         self._buf = bytearray()
 
     def _read_big(self) -> List[Message]:
-        kind, sizes, head, body, view, filled = self._big
-        n = _receive(self.sock, view[filled:])
-        if not n:
-            return []
-        self._big[5] = filled = filled + n
-        if filled < len(body):
-            return []
+        kind, sizes, head, parts, empty = self._big
+        if empty:
+            n = _receive_many(self.sock, empty)
+            if not n:
+                return []
+            _drop_filled(empty, n)
+            if empty:
+                return []
         self._big = None
         first = sizes[0] if sizes else 0
+        view = memoryview(parts[0])
         self._verifier.check(view[first:first + MAC_BYTES], head, view[:first])
         frames = [bytes(view[:first])] if sizes else []
-        offset = first + MAC_BYTES
-        for size in sizes[1:]:
-            frames.append(view[offset:offset + size])
-            offset += size
+        frames.extend(memoryview(part) for part in parts[1:])
         return [(kind, frames)]
+
+
+def _receive_many(sock: socket.socket, into: List[memoryview]) -> int:
+    """:func:`_receive` scattering into several buffers (``recvmsg_into``)."""
+    try:
+        n = sock.recvmsg_into(into[:IOV_MAX])[0]
+    except (BlockingIOError, InterruptedError):
+        return 0
+    except OSError as exc:
+        raise EOFError(str(exc)) from None
+    if not n:
+        raise EOFError("the peer closed the stream")
+    return n
+
+
+def _drop_filled(empty: List[memoryview], filled: int) -> None:
+    """Remove the first ``filled`` bytes from the list of buffers still to fill."""
+    while filled:
+        size = empty[0].nbytes
+        if filled >= size:
+            filled -= size
+            empty.pop(0)
+        else:
+            empty[0] = empty[0][filled:]
+            filled = 0
 
 
 def _sizes(data: Any, pos: int, count: int) -> List[int]:
