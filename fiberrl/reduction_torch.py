@@ -26,6 +26,7 @@ never imports it itself).
 from __future__ import annotations
 
 import pickle
+import weakref
 from typing import Any
 
 import numpy
@@ -52,8 +53,24 @@ def _reduce_storage(storage: torch.UntypedStorage) -> Any:
         return storage.__reduce__()
     if storage.nbytes() == 0:
         return _rebuild_storage, (b"",)
-    data = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()  # shares its memory
-    return _rebuild_storage, (pickle.PickleBuffer(data),)
+    return _rebuild_storage, (pickle.PickleBuffer(_bytes_of(storage)),)
+
+
+#: one byte view per live storage (see _bytes_of); a view keeps its storage alive, so
+#: while an entry is here no other storage can have its address
+_views: "weakref.WeakValueDictionary[tuple, numpy.ndarray]" = weakref.WeakValueDictionary()
+
+
+def _bytes_of(storage: torch.UntypedStorage) -> numpy.ndarray:
+    """A uint8 array over ``storage``'s memory, the same object each time the same
+    storage is pickled while it lives: the pool's argument cache
+    (:mod:`fiberrl.pool.shared`) knows a repeated argument by its buffer's object."""
+    key = (storage.data_ptr(), storage.nbytes())
+    view = _views.get(key)
+    if view is None:
+        view = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()  # shares its memory
+        _views[key] = view
+    return view
 
 
 def _rebuild_storage(buffer: Any) -> torch.UntypedStorage:

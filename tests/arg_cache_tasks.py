@@ -21,3 +21,11 @@ def probe(pause):
     """This worker's pid and cached bytes, after ``pause`` seconds."""
     time.sleep(pause)
     return os.getpid(), cached_arg_bytes()
+
+
+def tensor_total(tensor):
+    """The sum of a torch ``tensor`` and this worker's pid; modifies it in place
+    afterwards (a task's arguments are its own)."""
+    result = float(tensor.double().sum())
+    tensor += 1
+    return result, os.getpid()

@@ -35,6 +35,24 @@ def test_shared_argument_crosses_the_wire_once_per_worker(make_pool):
     assert after.cached_arg_hits - before.cached_arg_hits == 64 - workers
 
 
+def test_a_shared_torch_tensor_crosses_the_wire_once_per_worker(make_pool):
+    torch = pytest.importorskip("torch")
+    from arg_cache_tasks import tensor_total
+    pool = up(make_pool(2), 2)
+    tensor = torch.full((MIB // 4,), 0.5)  # 1 MiB of float32
+    before = pool.stats()
+    results = pool.map(tensor_total, [tensor] * 32, chunksize=1)
+    after = pool.stats()
+    assert [r[0] for r in results] == [float(tensor.double().sum())] * 32
+    assert bool((tensor == 0.5).all())  # the tasks modified their own copies only
+    workers = len({pid for _, pid in results})
+    assert after.cached_arg_sends - before.cached_arg_sends == workers
+    assert after.payload_bytes_sent - before.payload_bytes_sent < (workers + 0.5) * MIB
+    tensor[:10] = 2.0   # changed in place: sent again, never served stale
+    assert {r[0] for r in pool.map(tensor_total, [tensor] * 8, chunksize=1)} == \
+        {float(tensor.double().sum())}
+
+
 def test_a_changed_object_is_sent_again_and_never_served_stale(make_pool):
     pool = up(make_pool(2), 2)
     array = np.zeros(MIB // 8)
