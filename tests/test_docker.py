@@ -79,3 +79,63 @@ def test_missing_image_is_a_clear_error(docker):
     fiberrl.init(backend="docker", image="fiberrl-no-such-image:0")
     with pytest.raises(fiberrl.errors.BackendError, match="not found"):
         fiberrl.Process(target=print).start()
+
+
+def _report_pid_and_wait(queue, release):
+    import os
+    queue.put(os.getpid())
+    release.wait(120)
+
+
+def _live_pids(count):
+    """(Process.pid, os.getpid() reported by the job) of ``count`` jobs alive together."""
+    queue, release = fiberrl.Queue(), fiberrl.Event()
+    procs = [fiberrl.Process(target=_report_pid_and_wait, args=(queue, release))
+             for _ in range(count)]
+    for proc in procs:
+        proc.start()
+    try:
+        seen = sorted(queue.get(timeout=120) for _ in procs)
+        return sorted(proc.pid for proc in procs), seen
+    finally:
+        release.set()
+        for proc in procs:
+            proc.join(60)
+
+
+def _with_pid_namespace(mode):
+    extra = dict(fiberrl.config.get_config().extra, docker_pid_namespace=mode)
+    fiberrl.init(backend="docker", extra=extra)
+
+
+def test_live_jobs_have_distinct_pids_that_they_see_themselves(docker):
+    """The run's jobs share one PID namespace: concurrent.futures keys its workers by
+    ``Process.pid``, and a worker reports ``os.getpid()`` as that key."""
+    pids, seen = _live_pids(3)
+    assert len(set(pids)) == 3 and pids == seen, (pids, seen)
+    _with_pid_namespace("private")  # Docker's default: every job has the same small pid
+    pids, seen = _live_pids(2)
+    assert pids == seen and len(set(pids)) == 1, (pids, seen)
+
+
+def test_losing_the_pid_namespace_holder_is_a_clear_reason(docker):
+    from fiberrl.backends.docker_pid import holder_name
+    from fiberrl.backends.base import run_id
+    proc = fiberrl.Process(target=time.sleep, args=(120,))
+    proc.start()
+    assert proc.pid is not None  # it runs
+    subprocess.run(["docker", "rm", "-f", holder_name(run_id())], check=True,
+                   capture_output=True, timeout=60)
+    proc.join(60)
+    assert proc.exitcode == -9 and "PID namespace" in proc.exit_reason, proc.exit_reason
+    # the next job starts a new holder
+    proc = fiberrl.Process(target=_print_and_exit, args=(0,))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
+
+
+def test_pid_namespace_setting_is_checked_at_init():
+    with pytest.raises(fiberrl.errors.ConfigError, match="docker_pid_namespace"):
+        fiberrl.init(backend="docker", extra={"docker_pid_namespace": "shared"})
+    assert fiberrl.config.get_config().backend == "local"
