@@ -61,6 +61,40 @@ def test_process_pool_tests_on_fiberrl(tmp_path):
     assert sorted(failed - set(EXPECTED_FAILURES)) == [], run.stderr[-6000:]
 
 
+#: the executor's submit/map tests and its crash (deadlock) tests
+CLUSTER_CLASSES = ("ProcessPoolSpawnProcessPoolExecutorTest", "ProcessPoolSpawnExecutorDeadlockTest")
+
+
+def test_submit_map_and_crash_classes_on_docker(tmp_path):
+    """Every worker a container, all of them in the run's PID namespace (the executor
+    keys its workers by ``Process.pid``, and a worker reports ``os.getpid()``). The
+    containers see the copied test module, ``cf_suite`` and this interpreter's
+    packages at the same paths."""
+    import backend_bindings
+    backend_bindings.docker_up()
+    volumes = backend_bindings.docker_volumes(tmp_path / "jobs")
+    volumes[HERE] = {"bind": HERE, "mode": "ro"}
+    run, failed, ran = _run(tmp_path, "fiberrl", CLUSTER_CLASSES, FIBERRL_BACKEND="docker",
+                            FIBERRL_EXTRA=json.dumps({"docker_volumes": volumes}))
+    assert ran >= 30, run.stderr[-3000:]
+    assert sorted(failed) == [], run.stderr[-6000:]
+    backend_bindings.assert_no_containers()
+
+
+def test_submit_map_and_crash_classes_on_the_kubernetes_fake(tmp_path):
+    """Every worker a pod of the FAKE API server, which runs pods as local processes in
+    the host's PID namespace: what a real cluster gives only with ``k8s_host_pid`` and
+    every worker on one node (docs/backends.md), so the pods ask for ``hostPID``."""
+    import backend_bindings
+    cluster = backend_bindings.fake_kube()
+    settings = dict(backend_bindings.kube_settings(cluster), k8s_host_pid=True)
+    run, failed, ran = _run(tmp_path, "fiberrl", CLUSTER_CLASSES, FIBERRL_BACKEND="kubernetes",
+                            FIBERRL_EXTRA=json.dumps(settings))
+    assert ran >= 30, run.stderr[-3000:]
+    assert sorted(failed) == [], run.stderr[-6000:]
+    backend_bindings.assert_no_pods(cluster)
+
+
 @pytest.mark.slurm
 def test_submit_map_and_crash_classes_on_slurm(tmp_path):
     """The executor's submit/map tests and its crash (deadlock) tests with every worker a
@@ -71,10 +105,7 @@ def test_submit_map_and_crash_classes_on_slurm(tmp_path):
     conf = slurm_cluster.up("single")
     logs = tmp_path / "slurm-logs"
     logs.mkdir()
-    run, failed, ran = _run(tmp_path, "fiberrl",
-                            ("ProcessPoolSpawnProcessPoolExecutorTest",
-                             "ProcessPoolSpawnExecutorDeadlockTest"),
-                            FIBERRL_BACKEND="slurm", SLURM_CONF=conf,
+    run, failed, ran = _run(tmp_path, "fiberrl", CLUSTER_CLASSES, FIBERRL_BACKEND="slurm", SLURM_CONF=conf,
                             FIBERRL_EXTRA=json.dumps({"slurm_log_dir": str(logs)}))
     assert ran >= 30, run.stderr[-3000:]
     assert sorted(failed) == [], run.stderr[-6000:]

@@ -81,28 +81,6 @@ def test_missing_image_is_a_clear_error(docker):
         fiberrl.Process(target=print).start()
 
 
-def _report_pid_and_wait(queue, release):
-    import os
-    queue.put(os.getpid())
-    release.wait(120)
-
-
-def _live_pids(count):
-    """(Process.pid, os.getpid() reported by the job) of ``count`` jobs alive together."""
-    queue, release = fiberrl.Queue(), fiberrl.Event()
-    procs = [fiberrl.Process(target=_report_pid_and_wait, args=(queue, release))
-             for _ in range(count)]
-    for proc in procs:
-        proc.start()
-    try:
-        seen = sorted(queue.get(timeout=120) for _ in procs)
-        return sorted(proc.pid for proc in procs), seen
-    finally:
-        release.set()
-        for proc in procs:
-            proc.join(60)
-
-
 def _with_pid_namespace(mode):
     extra = dict(fiberrl.config.get_config().extra, docker_pid_namespace=mode)
     fiberrl.init(backend="docker", extra=extra)
@@ -111,10 +89,10 @@ def _with_pid_namespace(mode):
 def test_live_jobs_have_distinct_pids_that_they_see_themselves(docker):
     """The run's jobs share one PID namespace: concurrent.futures keys its workers by
     ``Process.pid``, and a worker reports ``os.getpid()`` as that key."""
-    pids, seen = _live_pids(3)
+    pids, seen = pool_helpers.live_pids(3)
     assert len(set(pids)) == 3 and pids == seen, (pids, seen)
     _with_pid_namespace("private")  # Docker's default: every job has the same small pid
-    pids, seen = _live_pids(2)
+    pids, seen = pool_helpers.live_pids(2)
     assert pids == seen and len(set(pids)) == 1, (pids, seen)
 
 

@@ -33,6 +33,7 @@ _BUILTIN = {
 # (the module must not import the backend's client)
 _SETTINGS_CHECKS = {
     "docker": "fiberrl.backends.docker_pid:check_mode",
+    "kubernetes": "fiberrl.backends.kubernetes.pods:check_settings",
 }
 _registered: Dict[str, Callable[..., Backend]] = {}
 _lock = threading.Lock()

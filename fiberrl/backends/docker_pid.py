@@ -46,7 +46,8 @@ _HOLDER_SCRIPT = (
     "idle = 0.0\n"
     f"while idle < {IDLE_EXIT}:\n"
     f"    time.sleep({_IDLE_STEP})\n"
-    "    others = [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid())]\n"
+    "    others = [p for p in os.listdir('/proc')\n"
+    "              if p.isdigit() and int(p) not in (1, os.getpid())]\n"
     f"    idle = 0.0 if others else idle + {_IDLE_STEP}\n"
 )
 
