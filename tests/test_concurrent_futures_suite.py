@@ -44,8 +44,10 @@ def _source():
 
 def _run(tmp_path, context, classes=(), **env_extra):
     shutil.copy(_source(), tmp_path / "test_concurrent_futures.py")
+    # the checkout's fiberrl first: an editable install may point at another checkout
     env = dict(os.environ, CF_SUITE_CONTEXT=context, **env_extra,
-               PYTHONPATH=os.pathsep.join([str(tmp_path), os.path.join(HERE, "cpython_suite")]))
+               PYTHONPATH=os.pathsep.join([str(tmp_path), os.path.join(HERE, "cpython_suite"),
+                                           os.path.dirname(HERE)]))
     names = [f"cf_suite.{name}" for name in classes] or ["cf_suite"]
     run = subprocess.run([sys.executable, "-m", "unittest", "-v", *names], env=env,
                          cwd=tmp_path, capture_output=True, text=True, timeout=850)
@@ -68,12 +70,13 @@ CLUSTER_CLASSES = ("ProcessPoolSpawnProcessPoolExecutorTest", "ProcessPoolSpawnE
 def test_submit_map_and_crash_classes_on_docker(tmp_path):
     """Every worker a container, all of them in the run's PID namespace (the executor
     keys its workers by ``Process.pid``, and a worker reports ``os.getpid()``). The
-    containers see the copied test module, ``cf_suite`` and this interpreter's
+    containers see the copied test module, the checkout and this interpreter's
     packages at the same paths."""
     import backend_bindings
     backend_bindings.docker_up()
     volumes = backend_bindings.docker_volumes(tmp_path / "jobs")
-    volumes[HERE] = {"bind": HERE, "mode": "ro"}
+    root = os.path.dirname(HERE)  # fiberrl and cf_suite
+    volumes[root] = {"bind": root, "mode": "ro"}
     run, failed, ran = _run(tmp_path, "fiberrl", CLUSTER_CLASSES, FIBERRL_BACKEND="docker",
                             FIBERRL_EXTRA=json.dumps({"docker_volumes": volumes}))
     assert ran >= 30, run.stderr[-3000:]

@@ -175,7 +175,9 @@ class DockerBackend(Backend):
             try:
                 return self._client.containers.run(image, **options)
             except self._docker.errors.APIError as exc:
-                if attempt == 1 and self._pid_mode == "run" and "pid" in str(exc).lower():
+                holder = options.get("pid_mode", "").partition("container:")[2]
+                if (attempt == 1 and self._pid_mode == "run"
+                        and self._pid_namespace.lost_reason(holder)):
                     logger.warning("the run's pid-namespace holder refused %s (%s); "
                                    "starting a new one", spec.name, exc.explanation or exc)
                     self._pid_namespace.forget()
