@@ -320,9 +320,9 @@ def report_pid_and_wait(queue, release):
     release.wait(120)
 
 
-def live_pids(count):
+def live_pids(count, while_alive=None):
     """(sorted ``Process.pid``, sorted ``os.getpid()`` reported by the jobs) of ``count``
-    fiberrl jobs alive together."""
+    fiberrl jobs alive together; ``while_alive(procs)`` is called before they end."""
     import fiberrl
     queue, release = fiberrl.Queue(), fiberrl.Event()
     procs = [fiberrl.Process(target=report_pid_and_wait, args=(queue, release))
@@ -331,6 +331,8 @@ def live_pids(count):
         proc.start()
     try:
         seen = sorted(queue.get(timeout=120) for _ in procs)
+        if while_alive is not None:
+            while_alive(procs)
         return sorted(proc.pid for proc in procs), seen
     finally:
         release.set()

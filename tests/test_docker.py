@@ -86,14 +86,27 @@ def _with_pid_namespace(mode):
     fiberrl.init(backend="docker", extra=extra)
 
 
+def _pid_modes(modes):
+    """A ``live_pids`` callback: the PidMode of each live job's container."""
+    def record(procs):
+        for proc in procs:
+            out = subprocess.run(["docker", "inspect", "-f", "{{.HostConfig.PidMode}}",
+                                  proc.job_id], capture_output=True, text=True, timeout=60)
+            modes.append(out.stdout.strip())
+    return record
+
+
 def test_live_jobs_have_distinct_pids_that_they_see_themselves(docker):
     """The run's jobs share one PID namespace: concurrent.futures keys its workers by
     ``Process.pid``, and a worker reports ``os.getpid()`` as that key."""
-    pids, seen = pool_helpers.live_pids(3)
+    modes = []
+    pids, seen = pool_helpers.live_pids(3, _pid_modes(modes))
     assert len(set(pids)) == 3 and pids == seen, (pids, seen)
-    _with_pid_namespace("private")  # Docker's default: every job has the same small pid
-    pids, seen = pool_helpers.live_pids(2)
-    assert pids == seen and len(set(pids)) == 1, (pids, seen)
+    assert len(set(modes)) == 1 and modes[0].startswith("container:"), modes
+    _with_pid_namespace("private")  # Docker's default: a namespace per container
+    modes = []
+    pids, seen = pool_helpers.live_pids(2, _pid_modes(modes))
+    assert pids == seen and modes == ["", ""], (pids, seen, modes)
 
 
 def test_losing_the_pid_namespace_holder_is_a_clear_reason(docker):
