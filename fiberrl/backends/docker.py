@@ -39,7 +39,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 from multiprocessing import util as _mp_util
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Set
 
 from ..config import get_config
 from ..errors import BackendError
@@ -139,7 +139,7 @@ class DockerBackend(Backend):
         self._pid_namespace = PidNamespace(
             self._client, docker, run, {LABEL_RUN: run, LABEL_USER: user_name(),
                                         LABEL_NAME: HOLDER_ROLE})
-        self._live: set = set()  # names of the containers started here and not seen ending
+        self._live: Set[str] = set()  # names of the containers started here and not seen ending
         self._retired = False
         # after the stdlib's exit handler has joined (or terminated) the children
         _mp_util.Finalize(self, self._pid_namespace.remove, exitpriority=-10)
@@ -156,9 +156,9 @@ class DockerBackend(Backend):
         self._ensure_image(image)
         options = self._run_options(spec)
         container = self._run_container(image, spec, options)
+        holder = options.get("pid_mode", "").partition("container:")[2] or None
         job = Job(id=container.name, backend=self.name, spec=spec, host=container.short_id,
-                  data=_ContainerData(container, pid_holder=self._pid_namespace.current
-                                      if self._pid_mode == "run" else None))
+                  data=_ContainerData(container, pid_holder=holder))
         self._live.add(container.name)
         if self._forwarder is not None:
             self._forwarder.follow(container)
@@ -267,7 +267,8 @@ class DockerBackend(Backend):
             return JobStatus(JobState.UNKNOWN)
         status = exit_status(data.container.attrs.get("State", {}))
         if status.state.finished:
-            if status.exit_code == -int(signal.SIGKILL):
+            if (status.exit_code == -int(signal.SIGKILL)
+                    and not status.reason.startswith("OOMKilled")):
                 lost = self._pid_namespace.lost_reason(data.pid_holder)
                 if lost:
                     status = JobStatus(status.state, status.exit_code, lost)

@@ -138,11 +138,6 @@ class PidNamespace:
         return (f"killed with the run's PID namespace: its holder container {self.name} "
                 f"ended (docker_pid_namespace='run' puts every job of the run in it)")
 
-    @property
-    def current(self) -> Optional[str]:
-        """The id of the holder jobs join now (None before the first job)."""
-        return self._id
-
     def remove(self) -> None:
         """Remove the holder if this process started it (its jobs die with it)."""
         with self._lock:
