@@ -171,10 +171,11 @@ class FakeKubeCluster:
     PIDs: by default every pod is in this host's PID namespace, which a real cluster
     gives only to pods with ``hostPID: true`` on one node. ``pid_namespaces=True`` (root,
     util-linux ``unshare``) gives each pod without ``hostPID`` a namespace of its own, as
-    a real node does: its process is pid 1 there, with pid 1's signal rules; a signal
-    to the pod reaches ``unshare``, whose death SIGKILLs the process (a real kubelet's
-    SIGTERM would reach the process itself). Not the default: the other tests were
-    written against host pids.
+    a real node does: its process is pid 1 there, with pid 1's signal rules. Signals
+    to the pod reach ``unshare``, which ignores SIGTERM (a real kubelet's SIGTERM
+    reaches the process) and whose death by SIGKILL kills the process. Not the
+    default: the other tests were written against host pids (docs/backends.md lists
+    the five that fail with it, and why).
 
     Test hooks: :attr:`unpullable` (image substrings that fail to pull), :meth:`evict`,
     :meth:`compact` (expire watch history), :meth:`pod_pid`, :meth:`log_path`.
