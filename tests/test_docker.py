@@ -126,6 +126,31 @@ def test_losing_the_pid_namespace_holder_is_a_clear_reason(docker):
     assert proc.exitcode == 0
 
 
+def _wait_for(event):
+    event.wait(120)
+
+
+def test_a_new_configuration_keeps_the_holder_that_live_jobs_share(docker):
+    """``fiberrl.init`` retires the backend object, whose holder a job of the new one may
+    share: the old one seeing its last job end must not remove it under that job."""
+    first_done, second_done = fiberrl.Event(), fiberrl.Event()
+    first = fiberrl.Process(target=_wait_for, args=(first_done,))
+    first.start()
+    assert first.pid is not None
+    _with_pid_namespace("run")  # a new backend object, same run and holder
+    second = fiberrl.Process(target=_wait_for, args=(second_done,))
+    second.start()
+    assert second.pid is not None and second.pid != first.pid
+    first_done.set()
+    first.join(60)
+    assert first.exitcode == 0
+    time.sleep(1)
+    assert second.is_alive()
+    second_done.set()
+    second.join(60)
+    assert second.exitcode == 0, second.exit_reason
+
+
 def test_pid_namespace_setting_is_checked_at_init():
     with pytest.raises(fiberrl.errors.ConfigError, match="docker_pid_namespace"):
         fiberrl.init(backend="docker", extra={"docker_pid_namespace": "shared"})

@@ -38,14 +38,14 @@ import signal
 import threading
 import uuid
 from dataclasses import dataclass
-from multiprocessing import util as _mp_util
-from typing import Any, Dict, List, Mapping, Optional, Set
+from typing import Any, Dict, List, Mapping, Optional
 
 from ..config import get_config
 from ..errors import BackendError
 from . import addresses
 from .base import Backend, Job, JobInfo, JobSpec, JobState, JobStatus, run_id, user_name
-from .docker_pid import HOLDER_ROLE, PidNamespace, check_mode
+from . import docker_pid
+from .docker_pid import HOLDER_ROLE, check_mode
 from .local import describe_exit
 
 logger = logging.getLogger(__name__)
@@ -136,13 +136,9 @@ class DockerBackend(Backend):
         self._extra: Mapping[str, Any] = cfg.extra
         self._pid_mode = check_mode(self._extra)
         run = run_id()
-        self._pid_namespace = PidNamespace(
-            self._client, docker, run, {LABEL_RUN: run, LABEL_USER: user_name(),
-                                        LABEL_NAME: HOLDER_ROLE})
-        self._live: Set[str] = set()  # names of the containers started here and not seen ending
+        self._pid_namespace = docker_pid.shared(
+            docker, run, {LABEL_RUN: run, LABEL_USER: user_name(), LABEL_NAME: HOLDER_ROLE})
         self._retired = False
-        # after the stdlib's exit handler has joined (or terminated) the children
-        _mp_util.Finalize(self, self._pid_namespace.remove, exitpriority=-10)
         self._image = cfg.image or self._extra.get("docker_image") or DEFAULT_IMAGE
         self._listen_host = listen_host
         self._images_seen: set = set()
@@ -159,7 +155,8 @@ class DockerBackend(Backend):
         holder = options.get("pid_mode", "").partition("container:")[2] or None
         job = Job(id=container.name, backend=self.name, spec=spec, host=container.short_id,
                   data=_ContainerData(container, pid_holder=holder))
-        self._live.add(container.name)
+        if holder:
+            self._pid_namespace.joined(container.name)
         if self._forwarder is not None:
             self._forwarder.follow(container)
         logger.debug("started container %s (%s) for %s", container.name, image, spec.name)
@@ -274,9 +271,10 @@ class DockerBackend(Backend):
                     status = JobStatus(status.state, status.exit_code, lost)
             data.final = status
             self._keep_tail_and_remove(data)
-            self._live.discard(job.id)
-            if self._retired and not self._live:
-                self._pid_namespace.remove()
+            if data.pid_holder:
+                self._pid_namespace.left(job.id)
+                if self._retired:
+                    self._pid_namespace.remove_if_idle()
         return status
 
     def _keep_tail_and_remove(self, data: _ContainerData) -> None:
@@ -332,11 +330,10 @@ class DockerBackend(Backend):
                    data=_ContainerData(container))
 
     def retire(self) -> None:
-        """Remove the run's pid-namespace holder now if no job of this backend is alive
-        (else when the last one is seen ending, or at exit)."""
+        """Remove the run's pid-namespace holder now if no job of this process lives in
+        it (else when this backend sees its last one end, or at exit)."""
         self._retired = True
-        if not self._live:
-            self._pid_namespace.remove()
+        self._pid_namespace.remove_if_idle()
 
     def close(self) -> None:
         try:

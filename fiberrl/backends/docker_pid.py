@@ -24,10 +24,12 @@ then starts a new holder.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
-from typing import Any, Dict, Mapping, Optional
+from multiprocessing import util as _mp_util
+from typing import Any, Dict, Mapping, Optional, Set, Tuple
 
 from ..errors import BackendError, ConfigError
 
@@ -67,9 +69,29 @@ def holder_name(run: str) -> str:
     return f"fiberrl-pidns-{slug}"
 
 
+_shared: Dict[Tuple[int, str, str], "PidNamespace"] = {}
+_shared_lock = threading.Lock()
+
+
+def shared(docker: Any, run: str, labels: Dict[str, str]) -> "PidNamespace":
+    """This process's one :class:`PidNamespace` for ``run`` on the dockerd of
+    ``DOCKER_HOST``: every Docker backend object of the process (``fiberrl.init`` makes
+    a new one) shares it, so one that retires cannot remove a holder whose namespace
+    another one's jobs live in."""
+    key = (os.getpid(), run, os.environ.get("DOCKER_HOST", ""))
+    with _shared_lock:
+        found = _shared.get(key)
+        if found is None:
+            found = _shared[key] = PidNamespace(docker.from_env(timeout=60), docker, run,
+                                                labels)
+            # after the stdlib's exit handler has joined (or terminated) the children
+            _mp_util.Finalize(found, found.remove, exitpriority=-10)
+        return found
+
+
 class PidNamespace:
     """The run's holder container on one dockerd: started on first use, joined by
-    every job, removed by the process that started it."""
+    every job, removed by the process that started it when none of its jobs lives."""
 
     def __init__(self, client: Any, docker: Any, run: str, labels: Dict[str, str]) -> None:
         self._client, self._docker = client, docker
@@ -78,6 +100,23 @@ class PidNamespace:
         self._lock = threading.Lock()
         self._id: Optional[str] = None
         self._owned: Optional[str] = None  # the id of the holder this process started
+        self._live: Set[str] = set()  # this process's jobs in it, not yet seen ending
+
+    def joined(self, job: str) -> None:
+        """Job container ``job`` was started in the namespace."""
+        with self._lock:
+            self._live.add(job)
+
+    def left(self, job: str) -> None:
+        """Job container ``job`` was seen ending."""
+        with self._lock:
+            self._live.discard(job)
+
+    def remove_if_idle(self) -> None:
+        """Remove the holder now if none of this process's jobs lives in it."""
+        with self._lock:
+            ident = self._take_owned() if not self._live else None
+        self._remove(ident)
 
     def pid_mode(self, image: str, python: str) -> str:
         """``container:<id>`` of a running holder, starting one if there is none."""
@@ -141,9 +180,17 @@ class PidNamespace:
     def remove(self) -> None:
         """Remove the holder if this process started it (its jobs die with it)."""
         with self._lock:
-            ident, self._owned = self._owned, None
-            if self._id == ident:
-                self._id = None
+            ident = self._take_owned()
+        self._remove(ident)
+
+    def _take_owned(self) -> Optional[str]:
+        """The holder this process started, forgotten (under the lock)."""
+        ident, self._owned = self._owned, None
+        if ident is not None and self._id == ident:
+            self._id = None
+        return ident
+
+    def _remove(self, ident: Optional[str]) -> None:
         if ident is None:
             return
         try:
