@@ -1,7 +1,11 @@
 """Docker benchmarks: container start to the first message on the hub, and Pool(8) to its
 first result, on the docker backend vs the local one, in one run.
 
-    bash scripts/docker-up.sh && python bench/bench_docker.py [--rounds N]
+    bash scripts/docker-up.sh && python bench/bench_docker.py [--rounds N] [--pid-modes]
+
+``--pid-modes`` instead compares the first and the second job's start in a fresh
+backend with ``docker_pid_namespace`` "private" and "run" (where the first job also
+starts the run's PID-namespace holder).
 
 The first message is the job's hello to its parent's hub (the hub records the
 job's host). Rounds alternate between the backends. These are measurements, not tests:
@@ -25,9 +29,9 @@ WAIT_S = 120.0
 os.environ.setdefault("FIBERRL_LISTEN_HOST", default_listen_host())
 
 
-def first_message(backend):
+def first_message(backend, **extra):
     """Seconds from Process.start() to the job's hello on the hub."""
-    fiberrl.init(backend=backend, extra={"docker_forward_output": False})
+    fiberrl.init(backend=backend, extra={"docker_forward_output": False, **extra})
     proc = fiberrl.Process(target=time.sleep, args=(0,))
     started = time.perf_counter()
     proc.start()
@@ -54,11 +58,36 @@ def pool_first_result(backend, workers=8):
         pool.join()
 
 
+def pid_modes(rounds):
+    """First and second job's start with each ``docker_pid_namespace`` mode; each
+    round's ``init`` retires the backend, so its first job meets no holder."""
+    figures = {(m, n): [] for m in ("private", "run") for n in ("first", "second")}
+    for _ in range(rounds):
+        for mode in ("private", "run"):
+            figures[(mode, "first")].append(first_message("docker", docker_pid_namespace=mode))
+            proc = fiberrl.Process(target=time.sleep, args=(0,))
+            started = time.perf_counter()
+            proc.start()
+            assert proc.pid is not None  # waits for the hello
+            figures[(mode, "second")].append(time.perf_counter() - started)
+            proc.join(WAIT_S)
+    fiberrl.config.reset()
+    print(f"\nProcess.start() to the job's hello, median of {rounds} rounds (seconds)")
+    print(f"{'docker_pid_namespace':<24}{'first job':>11}{'second job':>12}")
+    for mode in ("private", "run"):
+        print(f"{mode:<24}{statistics.median(figures[(mode, 'first')]):>11.3f}"
+              f"{statistics.median(figures[(mode, 'second')]):>12.3f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--pid-modes", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.pid_modes:
+        pid_modes(args.rounds)
+        return
     figures = {(m, b): [] for m in ("start", "pool8") for b in ("local", "docker")}
     for _ in range(args.rounds):
         for backend in ("local", "docker"):

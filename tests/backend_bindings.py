@@ -57,6 +57,19 @@ def docker_down() -> None:
                        timeout=300)
 
 
+def docker_volumes(tmp_dir: Path) -> dict:
+    """Mounts that make a container see what a local job would: the test's files
+    (``tmp_dir``'s parent, read-write), and this interpreter's environment (read-only)
+    when it lies outside the project directory (a git worktree's tests use the main
+    checkout's ``.venv``), since a job's ``sys.path`` is its parent's."""
+    shared = str(tmp_dir.parent)
+    volumes = {shared: {"bind": shared, "mode": "rw"}}
+    prefix = os.path.realpath(sys.prefix)
+    if not prefix.startswith(str(ROOT) + os.sep) and prefix != os.path.realpath(sys.base_prefix):
+        volumes[prefix] = {"bind": prefix, "mode": "ro"}
+    return volumes
+
+
 def fiberrl_containers() -> list:
     """Names of the containers fiberrl started that still exist."""
     out = subprocess.run(["docker", "ps", "-a", "--filter", "label=fiberrl.run", "--format",
@@ -129,10 +142,7 @@ def bound(name: str, tmp_dir: Path):
         check = lambda: slurm_cluster.assert_no_live_jobs(conf)  # noqa: E731
     elif name == "docker":
         docker_up()
-        # the test's files (tmp_path) must be the same inside the containers
-        shared = str(tmp_dir.parent)
-        fiberrl.init(backend="docker", extra={"docker_volumes": {
-            shared: {"bind": shared, "mode": "rw"}}})
+        fiberrl.init(backend="docker", extra={"docker_volumes": docker_volumes(tmp_dir)})
         check = assert_no_containers
     elif name == "kubernetes":
         handle = fake_kube()

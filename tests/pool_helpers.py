@@ -312,3 +312,29 @@ def fails_on(bad, x):
     if x == bad:
         raise ValueError(f"bad item {x}")
     return x * x
+
+
+def report_pid_and_wait(queue, release):
+    """A job that puts its ``os.getpid()`` on ``queue`` and lives until ``release``."""
+    queue.put(os.getpid())
+    release.wait(120)
+
+
+def live_pids(count, while_alive=None):
+    """(sorted ``Process.pid``, sorted ``os.getpid()`` reported by the jobs) of ``count``
+    fiberrl jobs alive together; ``while_alive(procs)`` is called before they end."""
+    import fiberrl
+    queue, release = fiberrl.Queue(), fiberrl.Event()
+    procs = [fiberrl.Process(target=report_pid_and_wait, args=(queue, release))
+             for _ in range(count)]
+    for proc in procs:
+        proc.start()
+    try:
+        seen = sorted(queue.get(timeout=120) for _ in procs)
+        if while_alive is not None:
+            while_alive(procs)
+        return sorted(proc.pid for proc in procs), seen
+    finally:
+        release.set()
+        for proc in procs:
+            proc.join(60)

@@ -79,3 +79,79 @@ def test_missing_image_is_a_clear_error(docker):
     fiberrl.init(backend="docker", image="fiberrl-no-such-image:0")
     with pytest.raises(fiberrl.errors.BackendError, match="not found"):
         fiberrl.Process(target=print).start()
+
+
+def _with_pid_namespace(mode):
+    extra = dict(fiberrl.config.get_config().extra, docker_pid_namespace=mode)
+    fiberrl.init(backend="docker", extra=extra)
+
+
+def _pid_modes(modes):
+    """A ``live_pids`` callback: the PidMode of each live job's container."""
+    def record(procs):
+        for proc in procs:
+            out = subprocess.run(["docker", "inspect", "-f", "{{.HostConfig.PidMode}}",
+                                  proc.job_id], capture_output=True, text=True, timeout=60)
+            modes.append(out.stdout.strip())
+    return record
+
+
+def test_live_jobs_have_distinct_pids_that_they_see_themselves(docker):
+    """The run's jobs share one PID namespace: concurrent.futures keys its workers by
+    ``Process.pid``, and a worker reports ``os.getpid()`` as that key."""
+    modes = []
+    pids, seen = pool_helpers.live_pids(3, _pid_modes(modes))
+    assert len(set(pids)) == 3 and pids == seen, (pids, seen)
+    assert len(set(modes)) == 1 and modes[0].startswith("container:"), modes
+    _with_pid_namespace("private")  # Docker's default: a namespace per container
+    modes = []
+    pids, seen = pool_helpers.live_pids(2, _pid_modes(modes))
+    assert pids == seen and modes == ["", ""], (pids, seen, modes)
+
+
+def test_losing_the_pid_namespace_holder_is_a_clear_reason(docker):
+    from fiberrl.backends.docker_pid import holder_name
+    from fiberrl.backends.base import run_id
+    proc = fiberrl.Process(target=time.sleep, args=(120,))
+    proc.start()
+    assert proc.pid is not None  # it runs
+    subprocess.run(["docker", "rm", "-f", holder_name(run_id())], check=True,
+                   capture_output=True, timeout=60)
+    proc.join(60)
+    assert proc.exitcode == -9 and "PID namespace" in proc.exit_reason, proc.exit_reason
+    # the next job starts a new holder
+    proc = fiberrl.Process(target=_print_and_exit, args=(0,))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
+
+
+def _wait_for(event):
+    event.wait(120)
+
+
+def test_a_new_configuration_keeps_the_holder_that_live_jobs_share(docker):
+    """``fiberrl.init`` retires the backend object, whose holder a job of the new one may
+    share: the old one seeing its last job end must not remove it under that job."""
+    first_done, second_done = fiberrl.Event(), fiberrl.Event()
+    first = fiberrl.Process(target=_wait_for, args=(first_done,))
+    first.start()
+    assert first.pid is not None
+    _with_pid_namespace("run")  # a new backend object, same run and holder
+    second = fiberrl.Process(target=_wait_for, args=(second_done,))
+    second.start()
+    assert second.pid is not None and second.pid != first.pid
+    first_done.set()
+    first.join(60)
+    assert first.exitcode == 0
+    time.sleep(1)
+    assert second.is_alive()
+    second_done.set()
+    second.join(60)
+    assert second.exitcode == 0, second.exit_reason
+
+
+def test_pid_namespace_setting_is_checked_at_init():
+    with pytest.raises(fiberrl.errors.ConfigError, match="docker_pid_namespace"):
+        fiberrl.init(backend="docker", extra={"docker_pid_namespace": "shared"})
+    assert fiberrl.config.get_config().backend == "local"

@@ -5,6 +5,7 @@ processes). No real cluster is involved; ``test_real_cluster_*`` runs only when
 ``FIBERRL_TEST_KUBECONFIG`` names a reachable cluster's kubeconfig.
 """
 import os
+import shutil
 import time
 
 import pytest
@@ -86,6 +87,13 @@ def test_pod_status_reasons(pod, state, code, reason):
     status = pod_status(pod)
     assert (status.state, status.exit_code) == (state, code)
     assert reason in status.reason
+
+
+def test_host_pid_is_asked_for_only_by_the_setting():
+    assert "hostPID" not in _manifest()["spec"]
+    assert _manifest(host_pid=True)["spec"]["hostPID"] is True
+    with pytest.raises(fiberrl.errors.ConfigError, match="k8s_host_pid"):
+        fiberrl.init(backend="kubernetes", extra={"k8s_host_pid": "yes"})
 
 
 # -- through the real client against the fake API server ------------------------------------
@@ -186,3 +194,26 @@ def test_real_cluster_pool_map():
     finally:
         fiberrl.config.reset()
 
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="the fake's per-pod PID namespaces need root and unshare")
+def test_pids_on_nodes_that_give_each_pod_its_own_pid_namespace(tmp_path):
+    """As on a real node: without ``k8s_host_pid`` every job is pid 1 of its pod, so
+    ``concurrent.futures`` could not tell two workers apart; with it pids differ, and
+    each is the job's ``os.getpid()``."""
+    from fake_kube import FakeKubeCluster
+    cluster = FakeKubeCluster(node_cpu=16, node_memory="16Gi", pid_namespaces=True).start()
+    try:
+        for host_pid in (False, True):
+            fiberrl.init(backend="kubernetes", extra=dict(
+                backend_bindings.kube_settings(cluster), k8s_host_pid=host_pid))
+            pids, seen = pool_helpers.live_pids(2)
+            assert pids == seen, (host_pid, pids, seen)
+            assert pids == ([1, 1] if not host_pid else sorted(set(pids))), (host_pid, pids)
+    finally:
+        fiberrl.config.reset()
+        try:
+            backend_bindings.assert_no_pods(cluster)
+        finally:
+            cluster.stop()

@@ -80,15 +80,19 @@ def test_functions_of_the_main_script(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", [pytest.param("slurm", marks=pytest.mark.slurm)])
+@pytest.mark.parametrize("backend", [pytest.param("slurm", marks=pytest.mark.slurm),
+                                     "docker", "kubernetes"])
 def test_on_a_cluster_backend_workers_are_jobs_and_a_crash_breaks_the_pool(tmp_path, backend):
     """On a backend whose jobs may run on other hosts, the executor's call queue (an OS
     pipe of the stdlib's ``Queue``) reaches its workers through fiberrl's relay, and
-    each worker has a pid of its own (the executor keys them by pid). Not Docker: inside
-    containers every job has the same small pid, and ``Process.pid`` must be the pid the
-    job sees (``os.getpid()`` there), so the executor's keys would collide."""
+    each worker has a pid of its own (the executor keys them by pid, and a worker
+    reports ``os.getpid()``): on Docker the run's jobs share one PID namespace; on
+    Kubernetes pods ask for their node's (``k8s_host_pid``), which the fake, whose
+    pods are local processes, has anyway."""
     import backend_bindings
     with backend_bindings.bound(backend, tmp_path):
+        if backend == "kubernetes":
+            fiberrl.init(extra=dict(fiberrl.config.get_config().extra, k8s_host_pid=True))
         with ProcessPoolExecutor(2, mp_context=fiberrl.get_context()) as executor:
             assert list(executor.map(_square, range(12), chunksize=5)) == [x * x for x in range(12)]
             assert executor.submit(_square, 9).result(timeout=120) == 81

@@ -29,6 +29,12 @@ _BUILTIN = {
     "docker": "fiberrl.backends.docker:DockerBackend",
     "kubernetes": "fiberrl.backends.kubernetes:KubernetesBackend",
 }
+# name -> "module:function" checking the backend's ``extra`` settings when they are set
+# (the module must not import the backend's client)
+_SETTINGS_CHECKS = {
+    "docker": "fiberrl.backends.docker_pid:check_mode",
+    "kubernetes": "fiberrl.backends.kubernetes.pods:check_settings",
+}
 _registered: Dict[str, Callable[..., Backend]] = {}
 _lock = threading.Lock()
 _default: Optional[Backend] = None
@@ -88,10 +94,16 @@ def default_backend() -> Backend:
 
 
 def reset_default_backend() -> None:
-    """Forget the cached backend (after ``fiberrl.init`` changed the configuration)."""
+    """Forget the cached backend (after ``fiberrl.init`` changed the configuration)
+    and let it free what only its new jobs would have used."""
     global _default
     with _lock:
-        _default = None
+        old, _default = (_default if _default_pid == os.getpid() else None), None
+    if old is not None:
+        try:
+            old.retire()
+        except Exception:
+            logger.warning("retiring the %s backend failed", old.name, exc_info=True)
 
 
 def _check_new_config(config) -> None:
@@ -100,6 +112,10 @@ def _check_new_config(config) -> None:
     if name not in _BUILTIN and name not in _registered and name not in _entry_points():
         raise ConfigError(f"unknown fiberrl backend {name!r}; available: "
                           f"{', '.join(available_backends())}")
+    check_settings = _SETTINGS_CHECKS.get(name)
+    if check_settings is not None:
+        module, func = check_settings.split(":")
+        getattr(importlib.import_module(module), func)(config.extra)
     reset_default_backend()
 
 

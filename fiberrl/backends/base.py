@@ -187,5 +187,9 @@ class Backend(abc.ABC):
     def attach(self, job_id: str) -> Job:
         """A handle on an existing job (for ``logs``, ``status``, ``terminate``)."""
 
+    def retire(self) -> None:
+        """This backend stopped being the process's default (the configuration changed):
+        free what only new jobs would use; the jobs it started keep working."""
+
     def close(self) -> None:
         """Release the backend's resources (threads, clients)."""

@@ -2,7 +2,8 @@
 
 - ``create_job``: ``containers.run`` of the worker image (``image`` setting; default
   ``fiberrl-worker:cpu``, see ``images/``) running ``python3 -m fiberrl.spawn``
-  under Docker's init (so the job is not PID 1 and signals act as on a host);
+  under Docker's init, or beside the init of its run's PID-namespace holder (so the
+  job is not PID 1 and signals act as on a host);
   ``cpu`` -> ``nano_cpus``, ``mem`` -> ``mem_limit`` (swap off), ``gpu`` -> a GPU
   device request. The run's secret is in the container's environment (readable
   by whoever can talk to dockerd, who is root-equivalent anyway), never in its
@@ -22,6 +23,9 @@
 - ``status``: the container's state; exit codes above 128 become ``-signal``;
   ``OOMKilled`` becomes an "out of memory" reason. A finished container's log tail
   is kept and the container removed.
+- PID namespace: by default every job of a run joins one namespace held by a small
+  container (``docker_pid.py``, setting ``docker_pid_namespace``), so pids are unique
+  within the run and ``Process.pid`` is the job's ``os.getpid()``.
 - ``logs``: the container's output, also forwarded live to this process's stdout
   (``docker_forward_output``, default true).
 """
@@ -40,6 +44,8 @@ from ..config import get_config
 from ..errors import BackendError
 from . import addresses
 from .base import Backend, Job, JobInfo, JobSpec, JobState, JobStatus, run_id, user_name
+from . import docker_pid
+from .docker_pid import HOLDER_ROLE, check_mode
 from .local import describe_exit
 
 logger = logging.getLogger(__name__)
@@ -65,6 +71,7 @@ class _ContainerData:
     container: Any
     final: Optional[JobStatus] = None
     tail: str = ""
+    pid_holder: Optional[str] = None  # the holder container whose namespace it joined
 
 
 def exit_status(state: Mapping[str, Any]) -> JobStatus:
@@ -127,6 +134,11 @@ class DockerBackend(Backend):
         self._docker = docker
         cfg = get_config()
         self._extra: Mapping[str, Any] = cfg.extra
+        self._pid_mode = check_mode(self._extra)
+        run = run_id()
+        self._pid_namespace = docker_pid.shared(
+            docker, run, {LABEL_RUN: run, LABEL_USER: user_name(), LABEL_NAME: HOLDER_ROLE})
+        self._retired = False
         self._image = cfg.image or self._extra.get("docker_image") or DEFAULT_IMAGE
         self._listen_host = listen_host
         self._images_seen: set = set()
@@ -139,16 +151,37 @@ class DockerBackend(Backend):
         image = spec.image or self._image
         self._ensure_image(image)
         options = self._run_options(spec)
-        try:
-            container = self._client.containers.run(image, **options)
-        except self._docker.errors.APIError as exc:
-            raise BackendError(f"dockerd refused {spec.name!r}: {exc.explanation or exc}") from exc
+        container = self._run_container(image, spec, options)
+        holder = options.get("pid_mode", "").partition("container:")[2] or None
         job = Job(id=container.name, backend=self.name, spec=spec, host=container.short_id,
-                  data=_ContainerData(container))
+                  data=_ContainerData(container, pid_holder=holder))
+        if holder:
+            self._pid_namespace.joined(container.name)
         if self._forwarder is not None:
             self._forwarder.follow(container)
         logger.debug("started container %s (%s) for %s", container.name, image, spec.name)
         return job
+
+    def _run_container(self, image: str, spec: JobSpec, options: Dict[str, Any]) -> Any:
+        """``containers.run``, in the run's PID namespace if so configured (a holder that
+        ended between the check and the start is replaced once)."""
+        for attempt in (1, 2):
+            if self._pid_mode == "run":
+                options["pid_mode"] = self._pid_namespace.pid_mode(
+                    image, self._extra.get("docker_python", "python3"))
+            try:
+                return self._client.containers.run(image, **options)
+            except self._docker.errors.APIError as exc:
+                holder = options.get("pid_mode", "").partition("container:")[2]
+                if (attempt == 1 and self._pid_mode == "run"
+                        and self._pid_namespace.lost_reason(holder)):
+                    logger.warning("the run's pid-namespace holder refused %s (%s); "
+                                   "starting a new one", spec.name, exc.explanation or exc)
+                    self._pid_namespace.forget()
+                    continue
+                raise BackendError(
+                    f"dockerd refused {spec.name!r}: {exc.explanation or exc}") from exc
+        raise AssertionError("unreachable")
 
     def _ensure_image(self, image: str) -> None:
         """Pull ``image`` if this dockerd lacks it; a clear error if that fails."""
@@ -172,12 +205,14 @@ class DockerBackend(Backend):
         command = [python] + list(spec.command[1:])
         env = {**spec.env, "PYTHONUNBUFFERED": "1"}
         options: Dict[str, Any] = dict(
-            command=command, detach=True, init=True, environment=env,
+            command=command, detach=True, init=self._pid_mode != "run", environment=env,
             name=container_name(spec), stdin_open=False,
             labels={LABEL_RUN: spec.env.get("FIBERRL_RUN_ID") or run_id(),
                     LABEL_USER: user_name(), LABEL_NAME: spec.name[:200]},
             extra_hosts={"host.docker.internal": "host-gateway"},
         )
+        if self._pid_mode == "host":
+            options["pid_mode"] = "host"
         network = self._extra.get("docker_network")
         if network:
             options["network"] = network
@@ -229,8 +264,17 @@ class DockerBackend(Backend):
             return JobStatus(JobState.UNKNOWN)
         status = exit_status(data.container.attrs.get("State", {}))
         if status.state.finished:
+            if (status.exit_code == -int(signal.SIGKILL)
+                    and not status.reason.startswith("OOMKilled")):
+                lost = self._pid_namespace.lost_reason(data.pid_holder)
+                if lost:
+                    status = JobStatus(status.state, status.exit_code, lost)
             data.final = status
             self._keep_tail_and_remove(data)
+            if data.pid_holder:
+                self._pid_namespace.left(job.id)
+                if self._retired:
+                    self._pid_namespace.remove_if_idle()
         return status
 
     def _keep_tail_and_remove(self, data: _ContainerData) -> None:
@@ -284,6 +328,12 @@ class DockerBackend(Backend):
         spec = JobSpec(command=[], name=container.labels.get(LABEL_NAME, job_id))
         return Job(id=container.name, backend=self.name, spec=spec, host=container.short_id,
                    data=_ContainerData(container))
+
+    def retire(self) -> None:
+        """Remove the run's pid-namespace holder now if no job of this process lives in
+        it (else when this backend sees its last one end, or at exit)."""
+        self._retired = True
+        self._pid_namespace.remove_if_idle()
 
     def close(self) -> None:
         try:

@@ -395,6 +395,8 @@ class Kubelet:
                cwd: Optional[str]) -> None:
         if cwd:
             os.makedirs(cwd, exist_ok=True)
+        if self.cluster.pid_namespaces and not rt.spec.get("hostPID"):
+            argv = ["unshare", "--pid", "--fork", "--kill-child", *argv]
         with open(rt.log_path(rt.attempts), "ab") as log:
             proc = subprocess.Popen(argv, env=env, cwd=cwd or None, stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT,

@@ -7,7 +7,15 @@ context's, or ``default``), ``k8s_image`` (or the ``image`` setting; default
 ``fiberrl-worker:cpu``), ``k8s_service_account``, ``k8s_volumes`` (see
 :func:`.kubernetes_pods.volume_entries`), ``k8s_python`` (default ``python3``),
 ``k8s_working_dir``, ``k8s_image_pull_policy``, ``k8s_unschedulable_grace``
-(seconds a pod may stay unschedulable before it fails, default 60).
+(seconds a pod may stay unschedulable before it fails, default 60), ``k8s_host_pid``
+(default false: pods in their node's PID namespace, ``hostPID``).
+
+- PIDs: a pod has a PID namespace of its own, so every job's ``os.getpid()`` (which
+  is its ``Process.pid``) is the same small number and code that keys processes by
+  pid (``concurrent.futures.ProcessPoolExecutor``) breaks with 2+ workers.
+  ``shareProcessNamespace`` shares one only between the containers of one pod, so
+  ``k8s_host_pid`` is the one way to distinct pids, and only among the pods of one node
+  (and it needs a cluster policy that allows ``hostPID``).
 
 - The run's secret lives in one Kubernetes Secret per run (labelled, owned by the
   master's pod when there is one, deleted when the master exits); pods read it
@@ -39,8 +47,8 @@ from ..._wire.auth import SECRET_ENV, run_secret
 from ..._wire.sockets import default_listen_host
 from .. import addresses
 from ..base import Backend, Job, JobInfo, JobSpec, JobState, JobStatus, run_id, user_name
-from .pods import (POD_IP_ENV, POD_NAME_ENV, POD_UID_ENV, SECRET_KEY, label_value,
-                              pod_manifest, pod_name, pod_status)
+from .pods import (POD_IP_ENV, POD_NAME_ENV, POD_UID_ENV, SECRET_KEY, check_settings,
+                   label_value, pod_manifest, pod_name, pod_status)
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +106,8 @@ class KubernetesBackend(Backend):
         self._exceptions = client.exceptions
         self.namespace = namespace or "default"
         self._image = cfg.image or self._extra.get("k8s_image") or DEFAULT_IMAGE
+        check_settings(self._extra)
+        self._host_pid = bool(self._extra.get("k8s_host_pid", False))
         self._listen_host = listen_host
         self._run = run_id()
         self._selector = f"fiberrl/run={label_value(self._run)}"
@@ -152,7 +162,8 @@ class KubernetesBackend(Backend):
             service_account=self._extra.get("k8s_service_account"), owner=self._owner(),
             volumes=self._extra.get("k8s_volumes") or (),
             working_dir=self._extra.get("k8s_working_dir"),
-            image_pull_policy=self._extra.get("k8s_image_pull_policy"))
+            image_pull_policy=self._extra.get("k8s_image_pull_policy"),
+            host_pid=self._host_pid)
         try:
             self._api.create_namespaced_pod(self.namespace, manifest)
         except self._exceptions.ApiException as exc:

@@ -78,12 +78,22 @@ def volume_entries(volumes: Sequence[Mapping[str, Any]]) -> tuple:
     return pod_volumes, mounts
 
 
+def check_settings(extra: Mapping[str, Any]) -> None:
+    """ConfigError for a bad value of the backend's settings that are checked at init."""
+    host_pid = extra.get("k8s_host_pid", False)
+    if not isinstance(host_pid, bool):
+        raise ConfigError(f"fiberrl setting 'k8s_host_pid' must be true or false, "
+                          f"got {host_pid!r}")
+
+
 def pod_manifest(spec: JobSpec, *, name: str, image: str, namespace: str, run: str, user: str,
                  secret_name: str, secret_env: str, python: str = "python3",
                  service_account: Optional[str] = None, owner: Optional[Mapping[str, str]] = None,
                  volumes: Sequence[Mapping[str, Any]] = (), working_dir: Optional[str] = None,
-                 image_pull_policy: Optional[str] = None) -> Dict[str, Any]:
-    """The Pod (as the API's JSON) that runs ``spec``."""
+                 image_pull_policy: Optional[str] = None,
+                 host_pid: bool = False) -> Dict[str, Any]:
+    """The Pod (as the API's JSON) that runs ``spec``; ``host_pid`` puts it in its
+    node's PID namespace (``hostPID``), where pids differ between the pods of a node."""
     env: List[Dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(spec.env.items())
                                  if k != secret_env]
     env.append({"name": secret_env, "valueFrom": {"secretKeyRef": {
@@ -126,6 +136,8 @@ def pod_manifest(spec: JobSpec, *, name: str, image: str, namespace: str, run: s
         pod_spec["serviceAccountName"] = service_account
     if pod_volumes:
         pod_spec["volumes"] = pod_volumes
+    if host_pid:
+        pod_spec["hostPID"] = True
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
