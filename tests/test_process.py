@@ -256,3 +256,30 @@ def test_a_script_that_starts_and_joins_two_processes_prints_nothing_on_stderr(t
                               timeout=120, cwd=tmp_path)
         assert done.returncode == 0 and done.stdout == "done [0, 0]\n", done
         assert done.stderr == ""
+
+
+def _report_log_level(queue):
+    queue.put(fiberrl.get_logger().getEffectiveLevel())
+
+
+def test_a_job_inherits_the_effective_level_of_the_fiberrl_logger():
+    """As a stdlib child inherits its parent's ``multiprocessing`` logger level (unless
+    ``log_level`` is configured, which then wins)."""
+    import logging
+    from fiberrl import config
+    if config.is_explicit(config.get_config(), "log_level"):
+        pytest.skip("log_level is configured in this run")
+    logger, root = fiberrl.get_logger(), logging.getLogger()
+    saved = logger.level, root.level
+    queue = fiberrl.Queue()
+    try:
+        for own, root_level, expected in ((32, saved[1], 32), (logging.NOTSET, 37, 37)):
+            logger.setLevel(own)
+            root.setLevel(root_level)
+            proc = fiberrl.Process(target=_report_log_level, args=(queue,))
+            proc.start()
+            assert queue.get(timeout=60) == expected
+            proc.join(30)
+    finally:
+        logger.setLevel(saved[0])
+        root.setLevel(saved[1])
