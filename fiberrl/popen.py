@@ -31,7 +31,7 @@ from typing import Iterator, Optional
 
 from . import reduction
 from ._runtime.jobenv import (JOB_ENV, PARENT_ENV, SENTINEL_ENV, TOKEN_ENV, address_env,
-                              shipping_to)
+                              shipping_to, start_method)
 from ._runtime.liveness import job_watch
 from ._services.spawn import spawn_service
 from ._wire.auth import secret_env
@@ -132,6 +132,8 @@ class Popen:
             frames = _pickle_process(process_obj)
         prep = {"sys_path": list(sys.path), "cwd": os.getcwd(),
                 "log_level": _job_log_level(cfg), "name": process_obj.name,
+                "start_method": (getattr(process_obj, "_fiberrl_start_method", None)
+                                 or start_method()),
                 "main_path": _main_path()}
         read_fd, write_fd = os.pipe()
         env = {PARENT_ENV: address_env(service.runtime.address), TOKEN_ENV: token,

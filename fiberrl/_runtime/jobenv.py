@@ -20,6 +20,18 @@ SENTINEL_ENV = "FIBERRL_SENTINEL_FD"
 STARTED_ENV = "FIBERRL_STARTED_FD"
 
 _current_token: Optional[str] = None
+_start_method = {"name": "spawn"}
+
+
+def start_method() -> str:
+    """The start method this process reports (``fiberrl.get_start_method()``); a job
+    starts with the one it was started with, as a stdlib child does."""
+    return _start_method["name"]
+
+
+def set_start_method(method: str) -> None:
+    """Set what :func:`start_method` reports."""
+    _start_method["name"] = method
 
 
 def parent_address() -> tuple:
