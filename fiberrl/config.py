@@ -61,7 +61,8 @@ class Config:
     imported fiberrl (like the stdlib's ``forkserver`` start method; ~10x faster
     starts). ``False`` starts every job as a fresh interpreter."""
     log_level: str = "WARNING"
-    """Level of the ``fiberrl`` logger in every process."""
+    """Level of the ``fiberrl`` logger in every job; when not set, a job takes its
+    parent's effective ``fiberrl`` logger level, as the stdlib's children do."""
     log_dir: Optional[str] = None
     """Directory for job logs (``None``: a per-user directory under the system temp dir)."""
     start_timeout: float = 300.0

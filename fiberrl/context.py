@@ -14,8 +14,12 @@ from multiprocessing import context as _mp_context
 from typing import Any, Optional
 
 from . import errors
+from ._runtime import jobenv
 
-_START_METHODS = ["fiberrl", "spawn", "fork", "forkserver"]
+#: the stdlib's start method names (``get_all_start_methods``); ``"fiberrl"`` is also
+#: accepted, as the default's other name
+_START_METHODS = ["spawn", "fork", "forkserver"]
+_ACCEPTED = ("fiberrl", *_START_METHODS)
 
 
 class FiberContext(_mp_context.BaseContext):
@@ -35,7 +39,7 @@ class FiberContext(_mp_context.BaseContext):
     PoolTerminatedError = errors.PoolTerminatedError
     ManagerConnectionError = errors.ManagerConnectionError
 
-    def __init__(self, start_method: str = "spawn") -> None:
+    def __init__(self, start_method: Optional[str] = "spawn") -> None:
         self._start_method = start_method
         self._reducer: Any = None
 
@@ -194,25 +198,30 @@ class FiberContext(_mp_context.BaseContext):
         return meta(**hints)
 
     def get_context(self, method: Optional[str] = None) -> "FiberContext":
-        """A fiberrl context; every stdlib start method name is accepted."""
-        if method is not None and method not in _START_METHODS:
-            raise ValueError(f"cannot find context for {method!r}")
-        return self if method is None else FiberContext(method)
+        """The context of ``method`` (default: the current start method's), as the
+        stdlib's; every stdlib start method name is accepted."""
+        return concrete_context(self.get_start_method() if method is None else method)
 
     def get_start_method(self, allow_none: bool = False) -> str:
         """The recorded start method (jobs always have spawn semantics)."""
+        if self._start_method is None:  # the default context: the process's own
+            return jobenv.start_method()
         return self._start_method
 
     def set_start_method(self, method: Optional[str], force: bool = False) -> None:
         """Accepted for compatibility; jobs always have spawn semantics (see the
-        ``forkserver`` setting for how the local backend starts them)."""
-        if method is not None and method not in _START_METHODS:
+        ``forkserver`` setting for how the local backend starts them). A job started
+        from here reports the same start method."""
+        if method is not None and method not in _ACCEPTED:
             raise ValueError(f"cannot find context for {method!r}")
-        self._start_method = method or "spawn"
+        if self._start_method is None:
+            jobenv.set_start_method(method or "spawn")
+        else:
+            self._start_method = method or "spawn"
 
     @staticmethod
     def get_all_start_methods() -> list:
-        """The start method names fiberrl accepts."""
+        """The stdlib's start method names, all accepted (the default first)."""
         return list(_START_METHODS)
 
     @staticmethod
@@ -265,17 +274,79 @@ class FiberContext(_mp_context.BaseContext):
         """Every start method name maps to fiberrl's jobs, which are always available."""
 
     def __repr__(self) -> str:
-        return f"<fiberrl.FiberContext start_method={self._start_method!r}>"
+        return f"<fiberrl.{type(self).__name__} start_method={self.get_start_method()!r}>"
 
 
-default_context = FiberContext()
+default_context = FiberContext(None)  # its start method is the process's (jobenv)
 
-# The stdlib's names for its contexts and their process classes: every start method
-# is a fiberrl context here, and every process a job.
+
+class _ConcreteContext(FiberContext):
+    """The context of one start method (``get_context(method)``): its ``Process``
+    class says the method, and a job started with it reports it; its start method
+    cannot be changed, as with the stdlib's concrete contexts."""
+
+    _process_name = "Process"
+
+    @property
+    def Process(self):
+        """The job-backed ``Process`` class of this start method."""
+        return _process_class(self._process_name)
+
+    def get_context(self, method: Optional[str] = None) -> "FiberContext":
+        """This context, or the context of ``method``."""
+        return self if method is None else concrete_context(method)
+
+    def set_start_method(self, method: Optional[str], force: bool = False) -> None:
+        """Refused, as by the stdlib: a concrete context's method is fixed."""
+        raise ValueError("cannot set start method of concrete context")
+
+
+class SpawnContext(_ConcreteContext):
+    """Jobs started by the ``spawn`` context (all jobs have spawn semantics)."""
+
+    _process_name = "SpawnProcess"
+
+
+class ForkContext(_ConcreteContext):
+    """Jobs started by the ``fork`` context (nothing of this process's memory is
+    inherited: the process object travels pickled)."""
+
+    _process_name = "ForkProcess"
+
+
+class ForkServerContext(_ConcreteContext):
+    """Jobs started by the ``forkserver`` context."""
+
+    _process_name = "ForkServerProcess"
+
+
+class FiberrlContext(_ConcreteContext):
+    """The ``fiberrl`` context: plain :class:`fiberrl.Process` jobs."""
+
+
+_CONCRETE = {"spawn": SpawnContext, "fork": ForkContext, "forkserver": ForkServerContext,
+             "fiberrl": FiberrlContext}
+_concrete_contexts: dict = {}
+
+
+def concrete_context(method: str) -> FiberContext:
+    """The one context of start method ``method`` (``ValueError`` for an unknown name)."""
+    if method not in _CONCRETE:
+        raise ValueError(f"cannot find context for {method!r}")
+    ctx = _concrete_contexts.get(method)
+    if ctx is None:
+        ctx = _concrete_contexts.setdefault(method, _CONCRETE[method](method))
+    return ctx
+
+
+def _process_class(name: str) -> type:
+    from . import process
+    return getattr(process, name)
+
+# The stdlib's names: every start method is a fiberrl context here, and every process a job.
 BaseContext = _mp_context.BaseContext
 ProcessError, BufferTooShort = errors.ProcessError, errors.BufferTooShort
 TimeoutError, AuthenticationError = errors.TimeoutError, errors.AuthenticationError
-SpawnContext = ForkContext = ForkServerContext = FiberContext
 # whether a stdlib process is being spawned (fiberrl's objects pickle at any time)
 get_spawning_popen = _mp_context.get_spawning_popen
 set_spawning_popen = _mp_context.set_spawning_popen
@@ -284,8 +355,8 @@ assert_spawning = _mp_context.assert_spawning
 
 def __getattr__(name: str) -> Any:
     if name in ("Process", "SpawnProcess", "ForkProcess", "ForkServerProcess"):
-        from .process import Process
-        return Process
+        from . import process
+        return getattr(process, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -31,14 +31,14 @@ from typing import Iterator, Optional
 
 from . import reduction
 from ._runtime.jobenv import (JOB_ENV, PARENT_ENV, SENTINEL_ENV, TOKEN_ENV, address_env,
-                              shipping_to)
+                              shipping_to, start_method)
 from ._runtime.liveness import job_watch
 from ._services.spawn import spawn_service
 from ._wire.auth import secret_env
 from ._wire.sockets import wait_for
 from .backends import JobSpec, JobState, default_backend
 from .backends.base import RUN_ENV, run_id
-from .config import INHERITED_ENV, get_config
+from .config import INHERITED_ENV, get_config, is_explicit
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +79,15 @@ def _main_path() -> Optional[str]:
     if path is None or getattr(main, "__spec__", None) is not None:
         return None   # interactive, -c, or run with -m (importable by its own name)
     return os.path.abspath(path)
+
+
+def _job_log_level(cfg) -> "int | str":
+    """The ``fiberrl`` logger's level in a job: the configured ``log_level`` when one was
+    set, else this process's effective level, as a stdlib child inherits its parent's
+    ``multiprocessing`` logger level."""
+    if is_explicit(cfg, "log_level"):
+        return cfg.log_level.upper()
+    return logging.getLogger("fiberrl").getEffectiveLevel()
 
 
 def _inherited_config(cfg, backend) -> str:
@@ -122,7 +131,9 @@ class Popen:
         with shipping_to(token):
             frames = _pickle_process(process_obj)
         prep = {"sys_path": list(sys.path), "cwd": os.getcwd(),
-                "log_level": cfg.log_level, "name": process_obj.name,
+                "log_level": _job_log_level(cfg), "name": process_obj.name,
+                "start_method": (getattr(process_obj, "_fiberrl_start_method", None)
+                                 or start_method()),
                 "main_path": _main_path()}
         read_fd, write_fd = os.pipe()
         env = {PARENT_ENV: address_env(service.runtime.address), TOKEN_ENV: token,

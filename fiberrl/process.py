@@ -33,6 +33,7 @@ class Process(_mp_process.BaseProcess):
     """
 
     _start_method = None  # the stdlib must not switch its own context in the job
+    _fiberrl_start_method: Optional[str] = None  # the job's fiberrl.get_start_method()
 
     def __init__(self, group: None = None, target: Optional[Callable[..., Any]] = None,
                  name: Optional[str] = None, args: Iterable[Any] = (),
@@ -101,6 +102,25 @@ class Process(_mp_process.BaseProcess):
     def _check_started(self) -> None:
         if self._popen is None:
             raise ValueError("process not started")
+
+
+class SpawnProcess(Process):
+    """``get_context("spawn").Process``: a job that reports ``"spawn"`` as its start method."""
+
+    _fiberrl_start_method = "spawn"
+
+
+class ForkProcess(Process):
+    """``get_context("fork").Process``: a job (nothing of this process's memory is
+    inherited) that reports ``"fork"`` as its start method."""
+
+    _fiberrl_start_method = "fork"
+
+
+class ForkServerProcess(Process):
+    """``get_context("forkserver").Process``: a job that reports ``"forkserver"``."""
+
+    _fiberrl_start_method = "forkserver"
 
 
 def __getattr__(name: str) -> Any:

@@ -16,8 +16,9 @@ cell holds a real one.
 ``get_lock()``, ``acquire()``/``release()``, ``with v:`` and ``get_obj()`` behave as
 in the stdlib, and ``v.value`` takes the lock while it reads or writes, inside the
 service, so it costs one request rather than three. ``lock=False`` and ``RawValue``
-give the bare cell. Pointers and structures are not supported: they have no
-meaning in another process's memory.
+give the bare cell. A ``ctypes.Structure`` is a ``Value`` in shared memory only (one
+host): a cell holds simple types and arrays of them. Pointers are not supported: they
+have no meaning in another process's memory.
 """
 from __future__ import annotations
 
@@ -131,10 +132,21 @@ def one_host() -> bool:
     return default_backend().shares_host
 
 
+def _value_type(typecode_or_type: Any) -> Any:
+    """The ctypes type of a ``Value``: a simple type, or on one host a ``Structure``."""
+    if isinstance(typecode_or_type, type) and issubclass(typecode_or_type, ctypes.Structure):
+        if not one_host():
+            raise TypeError(f"a Value of structure {typecode_or_type.__name__} needs shared "
+                            "memory, which jobs of this backend (on other hosts) do not share; "
+                            "use a Value or an Array per field")
+        return typecode_or_type
+    return _ctype(typecode_or_type)
+
+
 def RawValue(typecode_or_type: Any, *args: Any) -> Any:
     """A shared value without a lock."""
     from ._sync import coordination
-    ctype = _ctype(typecode_or_type)
+    ctype = _value_type(typecode_or_type)
     if one_host():
         return shm_ctypes.raw_value(ctype, args)
     return coordination.create("ValueCell", typecode_or_type, args)
@@ -152,7 +164,7 @@ def RawArray(typecode_or_type: Any, size_or_initializer: Any) -> Any:
 def Value(typecode_or_type: Any, *args: Any, lock: Any = True, ctx: Any = None) -> Any:
     """A shared value; with a lock (``get_lock()``) unless ``lock=False``."""
     from ._sync import coordination
-    _ctype(typecode_or_type)
+    _value_type(typecode_or_type)
     lock = _lock_for(lock)
     if lock is None:
         return RawValue(typecode_or_type, *args)
@@ -177,9 +189,14 @@ def Array(typecode_or_type: Any, size_or_initializer: Any, *, lock: Any = True,
 
 def copy(obj: Any) -> Any:
     """A new shared object (without a lock) holding a copy of ``obj``'s contents (a
-    ctypes value or array; a server-backed cell does not say its type, so not those)."""
+    ctypes value, structure or array; a server-backed cell does not say its type, so
+    not those)."""
     if isinstance(obj, ctypes._SimpleCData):
         return RawValue(_ctype_of(obj), obj.value)
+    if isinstance(obj, ctypes.Structure):
+        new = RawValue(_ctype_of(obj))
+        shm_ctypes.copy_into(new, obj)
+        return new
     return RawArray(_ctype_of(obj), obj[:])
 
 
@@ -188,7 +205,7 @@ def _ctype_of(obj: Any) -> Any:
         return obj._fiberrl_ctype
     if isinstance(obj, ctypes.Array):
         return obj._type_
-    if isinstance(obj, ctypes._SimpleCData):
+    if isinstance(obj, (ctypes._SimpleCData, ctypes.Structure)):
         return type(obj)
     raise TypeError(f"fiberrl.sharedctypes.copy takes a shared ctypes value or array, "
                     f"not {type(obj).__name__}")

@@ -106,8 +106,13 @@ def raw_value(ctype: Any, args: tuple) -> Any:
     """A ``ctype`` value in a new segment, initialised with ``args``."""
     obj = _map(ctype, None, Segment(ctypes.sizeof(ctype)))
     if args:
-        obj.value = ctype(*args).value
+        copy_into(obj, ctype(*args))
     return obj
+
+
+def copy_into(obj: Any, source: Any) -> None:
+    """Copy the bytes of ctypes object ``source`` into ``obj`` (of the same size)."""
+    ctypes.memmove(ctypes.addressof(obj), ctypes.addressof(source), ctypes.sizeof(obj))
 
 
 def raw_array(ctype: Any, size_or_initializer: Any) -> Any:
@@ -143,6 +148,30 @@ class SynchronizedString(_PicklableSync, mp_sharedctypes.SynchronizedString):
     """``Array('c', ...)`` in shared memory, with ``value`` and ``raw``."""
 
 
+class SynchronizedStructure(_PicklableSync, mp_sharedctypes.SynchronizedBase):
+    """``Value(SomeStructure, ...)`` in shared memory: each field is read or written
+    under the lock, as with the stdlib's per-structure synchronized classes."""
+
+    def __getattr__(self, name: str) -> Any:
+        obj = self.__dict__.get("_obj")
+        if obj is not None and name in _field_names(obj):
+            with self._lock:
+                return getattr(obj, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        obj = self.__dict__.get("_obj")
+        if obj is not None and name in _field_names(obj):
+            with self._lock:
+                setattr(obj, name, value)
+        else:
+            object.__setattr__(self, name, value)
+
+
+def _field_names(obj: Any) -> Tuple[str, ...]:
+    return tuple(field[0] for field in obj._fields_)
+
+
 def synchronized(obj: Any, lock: Any) -> Any:
     """Wrap a shared ctypes object with ``lock``, as the stdlib's ``synchronized`` does."""
     if isinstance(obj, ctypes._SimpleCData):
@@ -151,5 +180,7 @@ def synchronized(obj: Any, lock: Any) -> Any:
         if obj._type_ is ctypes.c_char:
             return SynchronizedString(obj, lock)
         return SynchronizedArray(obj, lock)
+    if isinstance(obj, ctypes.Structure):
+        return SynchronizedStructure(obj, lock)
     raise TypeError(f"cannot synchronize {type(obj).__name__}: only values and arrays of "
-                    "simple ctypes types are shared")
+                    "simple ctypes types, and structures, are shared")

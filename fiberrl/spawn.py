@@ -102,6 +102,8 @@ def main() -> int:
     client = client_for(address)
     (prep,), body = client.call("spawn", "hello", token, os.getpid(), local_hostname(),
                                 timeout=cfg.start_timeout)
+    log.get_logger().setLevel(prep["log_level"])  # the parent's, see popen._job_log_level
+    jobenv.set_start_method(prep["start_method"])  # as the stdlib's child
     for entry in reversed(prep["sys_path"]):
         if entry not in sys.path:
             sys.path.insert(0, entry)

@@ -6,9 +6,9 @@ mixin names fiberrl's, so every ``self.Process(...)`` in those tests starts a jo
 through fiberrl's backend. ``test_mixin_really_uses_fiberrl`` proves it.
 
 Locks, events, barriers and values are fiberrl's coordination-service objects
-(``fiberrl.Lock()``...); the manager test classes are in
-``test_conformance_managers.py``. Tests that cannot apply to job-backed processes
-are skipped with the reason (``UNSUPPORTED``), which is the list the issues ask for.
+(``fiberrl.Lock()``...). The manager flavour, and every other class of the suite, run
+with ``multiprocessing`` mapped to fiberrl in ``test_cpython_suite.py``. Tests that
+cannot apply to job-backed processes are skipped with the reason (``UNSUPPORTED``).
 """
 import multiprocessing
 import os

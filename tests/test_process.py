@@ -220,9 +220,35 @@ def test_no_job_outlives_its_parent(tmp_path, how):
     assert not alive, f"orphaned jobs {alive} survived the parent ({how})"
 
 
+def _report_start_method(queue):
+    queue.put(fiberrl.get_start_method())
+
+
 def test_start_method_compatibility():
-    fiberrl.set_start_method("spawn", force=True)
-    assert fiberrl.get_context("fork").Process is fiberrl.Process
+    """Every stdlib start method name gives a context of jobs, shaped as the stdlib's:
+    a concrete context per method whose Process says it, and whose jobs report it."""
+    assert fiberrl.get_all_start_methods() == ["spawn", "fork", "forkserver"]
+    queue = fiberrl.Queue()
+    try:
+        for method in ("fork", "forkserver", "spawn"):
+            ctx = fiberrl.get_context(method)
+            assert ctx.get_context() is ctx and ctx.get_start_method() == method
+            assert issubclass(ctx.Process, fiberrl.Process)
+            assert ctx.Process.__name__.lower().startswith(method)
+            with pytest.raises(ValueError):
+                ctx.set_start_method("spawn")
+            proc = ctx.Process(target=_report_start_method, args=(queue,))
+            proc.start()
+            assert queue.get(timeout=60) == method
+            proc.join(30)
+            fiberrl.set_start_method(method, force=True)
+            assert type(fiberrl.get_context()).__name__.lower().startswith(method)
+            proc = fiberrl.Process(target=_report_start_method, args=(queue,))
+            proc.start()
+            assert queue.get(timeout=60) == method
+            proc.join(30)
+    finally:
+        fiberrl.set_start_method("spawn", force=True)
     with pytest.raises(ValueError):
         fiberrl.get_context("nonsense")
     assert fiberrl.cpu_count() >= 1
@@ -276,3 +302,30 @@ def test_repr_of_a_job_that_has_not_connected_does_not_wait_for_its_pid():
     text = repr(proc)
     proc._popen = None
     assert text.startswith("<Process name=") and "pid=None" in text and "started" in text
+
+
+def _report_log_level(queue):
+    queue.put(fiberrl.get_logger().getEffectiveLevel())
+
+
+def test_a_job_inherits_the_effective_level_of_the_fiberrl_logger():
+    """As a stdlib child inherits its parent's ``multiprocessing`` logger level (unless
+    ``log_level`` is configured, which then wins)."""
+    import logging
+    from fiberrl import config
+    if config.is_explicit(config.get_config(), "log_level"):
+        pytest.skip("log_level is configured in this run")
+    logger, root = fiberrl.get_logger(), logging.getLogger()
+    saved = logger.level, root.level
+    queue = fiberrl.Queue()
+    try:
+        for own, root_level, expected in ((32, saved[1], 32), (logging.NOTSET, 37, 37)):
+            logger.setLevel(own)
+            root.setLevel(root_level)
+            proc = fiberrl.Process(target=_report_log_level, args=(queue,))
+            proc.start()
+            assert queue.get(timeout=60) == expected
+            proc.join(30)
+    finally:
+        logger.setLevel(saved[0])
+        root.setLevel(saved[1])

@@ -82,6 +82,39 @@ def test_other_hosts_get_the_server_backed_form(monkeypatch):
         np.frombuffer(array.get_obj())
 
 
+class Point(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_int), ("y", ctypes.c_double)]
+
+
+def _double_point(point):
+    point.x *= 2
+    point.y *= 2
+
+
+@pytest.mark.parametrize("lock", [True, False])
+def test_a_structure_value_is_shared_with_a_job(lock):
+    point = fiberrl.Value(Point, 3, 1.5, lock=lock)
+    proc = fiberrl.Process(target=_double_point, args=(point,))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0 and (point.x, point.y) == (6, 3.0)
+    if lock:
+        assert hasattr(point.get_lock(), "acquire") and isinstance(point.get_obj(), Point)
+
+
+def test_copy_of_a_structure_is_a_new_shared_value():
+    plain = Point(2, 5.0)
+    copied = fiberrl.sharedctypes.copy(plain)
+    plain.x, plain.y = 0, 0.0
+    assert (copied.x, copied.y) == (2, 5.0) and shm_ctypes.is_shared(copied)
+
+
+def test_a_structure_value_on_other_hosts_is_refused(monkeypatch):
+    monkeypatch.setattr(fiberrl.sharedctypes, "one_host", lambda: False)
+    with pytest.raises(TypeError, match="shared memory"):
+        fiberrl.Value(Point, 1, 2.0)
+
+
 # -- gymnasium -----------------------------------------------------------------------------
 def _make_env():
     import gymnasium

@@ -215,3 +215,26 @@ def test_lock_kept_by_a_process_that_exits_normally_stays_held():
     assert not lock.acquire(timeout=0.5)
     lock.release()  # handed over: any process may release a Lock
     assert lock.acquire(timeout=5)
+
+
+def test_a_call_interrupted_while_it_waits_leaves_later_calls_their_own_replies():
+    """``KeyboardInterrupt`` from a signal handler while a proxy waits for its reply
+    (CPython's _TestCondition.test_wait_result sends SIGINT to a parent in ``wait``):
+    the next calls on that thread's connection must not read the late reply."""
+    import signal
+    event = fiberrl.Event()
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            event.wait(1.5)   # the service goes on waiting after the caller gave up
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert event.is_set() is False
+    assert event.set() is None
+    assert event.is_set() is True

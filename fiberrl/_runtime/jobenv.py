@@ -37,6 +37,20 @@ def this_pid() -> int:
     return _pid
 
 
+_start_method = {"name": "spawn"}
+
+
+def start_method() -> str:
+    """The start method this process reports (``fiberrl.get_start_method()``); a job
+    starts with the one it was started with, as a stdlib child does."""
+    return _start_method["name"]
+
+
+def set_start_method(method: str) -> None:
+    """Set what :func:`start_method` reports."""
+    _start_method["name"] = method
+
+
 def parent_address() -> tuple:
     """The address of the parent's runtime, from the environment."""
     host, _, port = os.environ[PARENT_ENV].rpartition(":")

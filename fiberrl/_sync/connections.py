@@ -129,6 +129,10 @@ class ServerConnection(ManagedConnection):
         super().__init__(stream, serializer)
         self.address = address
         self.serving = False
+        #: one request, one reply, in turn (a proxy's connection; not a pipelining
+        #: async channel): replies owed to callers that stopped waiting are dropped
+        self.in_turn = False
+        self._owed = 0
 
     def mark_serving(self) -> None:
         """Record that a server thread now serves this connection."""
@@ -156,19 +160,28 @@ class ServerConnection(ManagedConnection):
         return _server_gone(self.address, exc)
 
     def send(self, obj: Any) -> None:
-        """Send one object; :class:`ManagerConnectionError` if the server is gone."""
+        """Send one request; :class:`ManagerConnectionError` if the server is gone.
+
+        On an ``in_turn`` connection, replies still owed to earlier requests (a caller
+        interrupted while it waited, e.g. by ``KeyboardInterrupt`` from a signal
+        handler) are read and dropped first, so that this caller gets its own reply."""
         payload = self._encode(obj)  # encoding errors are the caller's, not the wire's
         try:
+            while self.in_turn and self._owed > 0:
+                self.stream.recv()
+                self._owed -= 1
             self.stream.send(_KIND, [payload])
         except (OSError, EOFError) as exc:
             raise self._gone(exc) from exc
+        self._owed += 1
 
     def recv(self) -> Any:
-        """Receive one object; :class:`ManagerConnectionError` if the server is gone."""
+        """Receive one reply; :class:`ManagerConnectionError` if the server is gone."""
         try:
             _kind, frames = self.stream.recv()
         except (OSError, EOFError) as exc:
             raise self._gone(exc) from exc
+        self._owed = max(0, self._owed - 1)
         return self._decode(frames[0])
 
 

@@ -355,6 +355,7 @@ class _FiberrlProxy:
         if threading.current_thread().name != "MainThread":
             name += "|" + threading.current_thread().name
         conn = open_connection(self._token.address, self._authkey, self._serializer)
+        conn.in_turn = True
         dispatch(conn, None, "accept_connection", (name,))
         conn.mark_serving()
         self._tls.connection = conn

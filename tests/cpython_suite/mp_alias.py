@@ -10,7 +10,7 @@ give fiberrl's modules. It also installs a meta-path finder for any
 A module fiberrl does not provide (``multiprocessing.resource_tracker``,
 ``multiprocessing.resource_sharer``...) stays the stdlib's. Tripwires record any
 object of the stdlib's own process, queue or pool classes created afterwards to
-the file named by ``FIBERRL_SUITE_TRIPWIRE`` (one line each, from any job too).
+the file named by ``CPYTHON_SUITE_TRIPWIRE`` (one line each, from any job too).
 """
 import importlib
 import importlib.abc
@@ -51,22 +51,28 @@ def _tripwire(cls, label):
 
     def __init__(self, *args, **kwargs):
         if type(self) is cls or label.endswith("*"):
-            with open(os.environ["FIBERRL_SUITE_TRIPWIRE"], "a") as sink:
+            with open(os.environ["CPYTHON_SUITE_TRIPWIRE"], "a") as sink:
                 sink.write(f"{os.getpid()} {label} {type(self).__qualname__}\n")
         original(self, *args, **kwargs)
     cls.__init__ = __init__
 
 
+#: the stdlib's classes under tripwire, by name (for the runner's check that they fire)
+STDLIB_CLASSES = {}
+
+
 def _set_tripwires():
-    if not os.environ.get("FIBERRL_SUITE_TRIPWIRE"):
+    if not os.environ.get("CPYTHON_SUITE_TRIPWIRE"):
         return
     import multiprocessing.context as ctx
     import multiprocessing.pool as pool
     import multiprocessing.queues as queues
     for cls in (ctx.Process, ctx.SpawnProcess, ctx.ForkProcess, ctx.ForkServerProcess):
         _tripwire(cls, "stdlib-process*")
+        STDLIB_CLASSES[cls.__name__] = cls
     for cls in (queues.Queue, queues.JoinableQueue, queues.SimpleQueue, pool.Pool):
         _tripwire(cls, "stdlib-" + cls.__name__)
+        STDLIB_CLASSES[cls.__name__] = cls
 
 
 def install():

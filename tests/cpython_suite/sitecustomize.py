@@ -2,6 +2,6 @@
 CPython-suite run (the runner and each job it starts), see ``mp_alias``."""
 import os
 
-if os.environ.get("FIBERRL_CPYTHON_SUITE") == "1":
+if os.environ.get("CPYTHON_SUITE_ALIAS") == "1":
     import mp_alias
     mp_alias.install()
