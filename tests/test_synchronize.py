@@ -238,3 +238,28 @@ def test_a_call_interrupted_while_it_waits_leaves_later_calls_their_own_replies(
     assert event.is_set() is False
     assert event.set() is None
     assert event.is_set() is True
+
+
+def test_a_finalizer_run_on_the_io_loop_can_use_a_sync_object_of_its_process():
+    """The garbage collector runs finalizers on whichever thread allocates, the I/O loop
+    too. A torch DataLoader collected there calls ``Event.set()``, whose first call on a
+    thread sets up a connection to the coordination server through this process's
+    acceptor, on that very loop: it waited out the 30 s set-up timeout, and the whole
+    runtime stalled meanwhile (a job starting then could not connect, seen in the suite)."""
+    from fiberrl._runtime.runtime import runtime
+    event = fiberrl.Event()
+    outcome = []
+
+    def finalizer_on_the_loop():
+        try:
+            event.set()
+            outcome.append("set")
+        except Exception as exc:  # noqa: BLE001 - reported below
+            outcome.append(repr(exc))
+
+    started = time.monotonic()
+    runtime().reactor.call_soon(finalizer_on_the_loop)
+    assert event.wait(10), outcome
+    while not outcome and time.monotonic() - started < 40:
+        time.sleep(0.05)
+    assert outcome == ["set"] and time.monotonic() - started < 5

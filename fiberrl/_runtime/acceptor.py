@@ -11,17 +11,28 @@ is unpickled here, ever.
 A process has one acceptor on its runtime's address; a manager or a
 ``connection.Listener`` bound to an address the user chose has its own, on the same
 loop.
+
+A caller on the loop's own thread cannot set up a stream to an acceptor of its own
+process over the socket: the set-up needs this very loop, which is busy with the
+caller. That caller is code the loop did not choose to run: a finalizer that the
+garbage collector ran there (a torch ``DataLoader`` collected on the loop calls
+``Event.set()``). :func:`open_here` makes that stream in memory instead, a socket
+pair handed straight to the route, after the same check of the key.
 """
 from __future__ import annotations
 
 import functools
+import hmac
 import logging
+import os
 import socket
+import weakref
+from multiprocessing import AuthenticationError
 from typing import Callable, Dict, Optional, Tuple, Union
 
 from .._wire.auth import run_secret
 from .._wire.sockets import listen
-from .._wire.stream import NOT_HERE, OK, REFUSED, SETUP_TIMEOUT, Hello
+from .._wire.stream import NOT_HERE, OK, REFUSED, SETUP_TIMEOUT, Hello, NotHereError, Stream
 from .reactor import Reactor
 
 logger = logging.getLogger(__name__)
@@ -30,6 +41,20 @@ logger = logging.getLogger(__name__)
 #: stream (False: not here after all; the acceptor then closes it)
 Taker = Callable[[str, socket.socket, bytes, bytes, bytes], bool]
 Key = Union[bytes, Callable[[], bytes], None]
+
+#: the acceptors of this process by address (see :func:`open_here`)
+_serving: "weakref.WeakValueDictionary[tuple, Acceptor]" = weakref.WeakValueDictionary()
+
+
+def open_here(address: tuple, label: str, key: Optional[bytes] = None) -> Optional[Stream]:
+    """A stream for ``label`` to the acceptor of this process at ``address``, made in
+    memory, when the caller is that acceptor's loop thread (module doc); None in every
+    other case (the caller sets it up over the socket). Raises as ``open_stream``:
+    ``AuthenticationError`` for a wrong key, :class:`NotHereError` for no such route."""
+    acceptor = _serving.get(tuple(address))
+    if acceptor is None or acceptor.closed or not acceptor.reactor.in_loop():
+        return None
+    return acceptor.connect_here(label, key)
 
 
 class Acceptor:
@@ -43,6 +68,7 @@ class Acceptor:
         self.closed = False
         for sock in self.sockets:
             reactor.add_reader(sock.fileno(), functools.partial(self._accept, sock))
+        _serving[tuple(self.address)] = self
 
     def route(self, label: str, take: Taker, key: Key = None) -> None:
         """Hand streams for ``label`` (or ``label:...``) to ``take``; connectors prove
@@ -60,6 +86,25 @@ class Acceptor:
         return found
 
     # -- on the loop -------------------------------------------------------------------
+    def connect_here(self, label: str, key: Optional[bytes] = None) -> Stream:
+        """The in-memory set-up of :func:`open_here` (on the loop's thread)."""
+        found = self._find(label)
+        if found is None:
+            raise NotHereError(f"no {label!r} at {self.address[0]}:{self.address[1]}")
+        take, expected = found
+        expected = expected() if callable(expected) else expected
+        expected = run_secret() if expected is None else expected
+        if not hmac.compare_digest(expected, run_secret() if key is None else key):
+            raise AuthenticationError(f"{self.address[0]}:{self.address[1]} refused the key "
+                                      f"for {label!r}")
+        ours, theirs = socket.socketpair()
+        to_taker, from_taker = os.urandom(32), os.urandom(32)
+        if not take(label, theirs, from_taker, to_taker, b""):
+            ours.close()
+            theirs.close()
+            raise NotHereError(f"no {label!r} at {self.address[0]}:{self.address[1]}")
+        return Stream(ours, to_taker, from_taker)
+
     def _accept(self, listener: socket.socket) -> None:
         for _ in range(64):   # a burst, then let the loop serve others
             try:
@@ -134,6 +179,8 @@ class Acceptor:
         if self.closed:
             return
         self.closed = True
+        if _serving.get(tuple(self.address)) is self:
+            del _serving[tuple(self.address)]
         for sock in self.sockets:
             self.reactor.remove(sock.fileno())
             sock.close()

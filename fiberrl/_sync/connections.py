@@ -23,6 +23,7 @@ from multiprocessing import util as mp_util
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from .. import reduction
+from .._runtime.acceptor import open_here
 from .._wire.spin import spin_budget
 from .._wire.stream import NotHereError, Stream, open_stream
 from ..errors import ManagerConnectionError
@@ -227,7 +228,8 @@ def open_connection(address: Any, authkey: Optional[bytes] = None, serializer: s
     if not (isinstance(address, tuple) and len(address) == 2):
         raise ValueError(f"a fiberrl manager's address is (host, port), not {address!r}")
     try:
-        stream = open_stream(address, LABEL, key=bytes(authkey), timeout=timeout)
+        stream = (open_here(address, LABEL, key=bytes(authkey))   # a finalizer on the loop
+                  or open_stream(address, LABEL, key=bytes(authkey), timeout=timeout))
     except NotHereError as exc:
         raise ManagerConnectionError(f"no manager server at {address!r}: {exc}") from exc
     except TimeoutError as exc:
