@@ -91,10 +91,11 @@ def _scratch_buffer() -> Tuple[bytearray, memoryview]:
 
 
 def _receive(sock: socket.socket, into: Any) -> int:
-    """``recv_into`` on a non-blocking socket: 0 if nothing is there yet; ``EOFError``
-    when the stream ended or broke."""
+    """``recv_into`` on a non-blocking socket (``recvmsg_into`` when ``into`` is a list
+    of buffers to fill in turn): 0 if nothing is there yet; ``EOFError`` when the
+    stream ended or broke."""
     try:
-        n = sock.recv_into(into)
+        n = sock.recvmsg_into(into[:IOV_MAX])[0] if type(into) is list else sock.recv_into(into)
     except (BlockingIOError, InterruptedError):
         return 0
     except OSError as exc:
@@ -198,7 +199,7 @@ class FrameReader:
         while received.nbytes:   # what came with the message's head
             n = min(received.nbytes, empty[0].nbytes)
             empty[0][:n] = received[:n]
-            _drop_filled(empty, n)
+            drop_written(empty, n)
             received = received[n:]
         self._big = [kind, sizes, bytes(data[pos:meta]), parts, empty]
         self._buf = bytearray()
@@ -206,10 +207,10 @@ class FrameReader:
     def _read_big(self) -> List[Message]:
         kind, sizes, head, parts, empty = self._big
         if empty:
-            n = _receive_many(self.sock, empty)
+            n = _receive(self.sock, empty)
             if not n:
                 return []
-            _drop_filled(empty, n)
+            drop_written(empty, n)
             if empty:
                 return []
         self._big = None
@@ -219,31 +220,6 @@ class FrameReader:
         frames = [bytes(view[:first])] if sizes else []
         frames.extend(memoryview(part) for part in parts[1:])
         return [(kind, frames)]
-
-
-def _receive_many(sock: socket.socket, into: List[memoryview]) -> int:
-    """:func:`_receive` scattering into several buffers (``recvmsg_into``)."""
-    try:
-        n = sock.recvmsg_into(into[:IOV_MAX])[0]
-    except (BlockingIOError, InterruptedError):
-        return 0
-    except OSError as exc:
-        raise EOFError(str(exc)) from None
-    if not n:
-        raise EOFError("the peer closed the stream")
-    return n
-
-
-def _drop_filled(empty: List[memoryview], filled: int) -> None:
-    """Remove the first ``filled`` bytes from the list of buffers still to fill."""
-    while filled:
-        size = empty[0].nbytes
-        if filled >= size:
-            filled -= size
-            empty.pop(0)
-        else:
-            empty[0] = empty[0][filled:]
-            filled = 0
 
 
 def _sizes(data: Any, pos: int, count: int) -> List[int]:
