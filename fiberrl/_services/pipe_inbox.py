@@ -37,7 +37,7 @@ from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 from .._runtime.runtime import Runtime, existing_service, service
 from .._wire.auth import Verifier
-from .._wire.framing import FrameReader, Message
+from .._wire.framing import SMALL, FrameReader, Message
 from .._wire.sockets import Address
 from .._wire.spin import spin_budget, worth_spinning
 from .._wire.stream import Stream, open_stream
@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 
 _STAMP = struct.Struct("!QB")   # send time (CLOCK_MONOTONIC, ns), 1 if the message had no frames
+_SMALL_STAMPED = SMALL - _STAMP.size
 
 
 def stamped(frames: Sequence[Any]) -> List[Any]:
@@ -152,6 +153,22 @@ class Inbox:
         events = self._poll(timeout, started)
         if not events:
             return False, False
+        if len(events) == 1:   # the usual case: one sender's stream had something
+            fd = events[0][0]
+            reader = self._readers.get(fd)
+            if reader is not None:
+                try:
+                    messages = reader.read()
+                except EOFError as exc:
+                    if isinstance(exc, ForgedMessageError):
+                        logger.warning("dropped a pipe stream: %s", exc)
+                    self._drop(fd)
+                    return True, False
+                if messages:
+                    self._last_wait = time.perf_counter() - started
+                    for message in messages:
+                        into.append(unstamp(message)[1])
+                return False, False
         dropped = broke = False
         batches: List[List[Tuple[int, Message]]] = []   # (send time, message), per source
         for fd, _ in events:
@@ -306,7 +323,16 @@ class Outbox:
     def send(self, kind: bytes, frames: Sequence[Any]) -> None:
         """Write one message, stamped with its send time; ``OSError`` if the stream is
         broken."""
-        self.stream.send(kind, stamped(frames))
+        if len(frames) == 1 and type(frames[0]) is bytes and len(frames[0]) < _SMALL_STAMPED:
+            self.stream.send_one(kind, _STAMP.pack(time.monotonic_ns(), 0) + frames[0])
+        else:
+            self.stream.send(kind, stamped(frames))
+
+    def send_small(self, kind: bytes, payload: bytes) -> None:
+        """``send(kind, [payload])`` for a ``bytes`` payload under 32 KiB, in fewer steps."""
+        if self._look_before_send and self.stream.peer_hung_up():
+            raise ConnectionResetError("the other end's stream ended")
+        self.stream.send_one(kind, _STAMP.pack(time.monotonic_ns(), 0) + payload)
 
     def hung_up(self) -> bool:
         """True once the inbox closed its end (over TCP, one ``poll`` of no time; on
@@ -333,6 +359,10 @@ class LocalOutbox:
     def send(self, kind: bytes, frames: Sequence[Any]) -> None:
         """Deliver a copy of the message (the sender may change its buffers after)."""
         self.inbox.deliver_local(kind, [f if isinstance(f, bytes) else bytes(f) for f in frames])
+
+    def send_small(self, kind: bytes, payload: bytes) -> None:
+        """``send(kind, [payload])``."""
+        self.inbox.deliver_local(kind, [payload])
 
     def hung_up(self) -> bool:
         """True once that end closed here."""

@@ -37,13 +37,20 @@ _ONE_PIECE = 1 << 16          # messages below this are joined into one write
 _BIG = 1 << 20                # messages above this are received into their own buffer
 _SCRATCH_BYTES = 1 << 18
 IOV_MAX = 64                  # pieces handed to one sendmsg call
+SMALL = _ONE_PIECE            # a frame below this may be sent with ``encode_one``
+
+
+def encode_one(signer: Signer, kind: bytes, frame: bytes) -> bytes:
+    """Frame and sign a message of one ``bytes`` frame under 64 KiB (the common small
+    message): one piece."""
+    signed = _HEAD_ONE.pack(kind, 1, len(frame)) + frame
+    return signed + signer.sign(signed)
 
 
 def encode(signer: Signer, kind: bytes, frames: Sequence[Any]) -> List[Any]:
     """Frame and sign one message; returns the pieces to write (large frames uncopied)."""
     if len(frames) == 1 and type(frames[0]) is bytes and len(frames[0]) < _ONE_PIECE:
-        signed = _HEAD_ONE.pack(kind, 1, len(frames[0])) + frames[0]   # the common small message
-        return [signed + signer.sign(signed)]
+        return [encode_one(signer, kind, frames[0])]
     views = [f if type(f) is bytes else memoryview(f).cast("B") for f in frames]
     sizes = [len(v) if type(v) is bytes else v.nbytes for v in views]
     head = _HEAD.pack(kind, len(views)) + b"".join([_LEN.pack(n) for n in sizes])
@@ -136,6 +143,12 @@ class FrameReader:
         n = _receive(self.sock, scratch)
         if not n:
             return []
+        if not self._buf and n > _HEAD_ONE.size:   # the usual case: one small message
+            kind, count, size = _HEAD_ONE.unpack_from(scratch)
+            signed_end = _HEAD_ONE.size + size
+            if count == 1 and n == signed_end + MAC_BYTES:
+                self._verifier.check(view[signed_end:n], view[:signed_end])
+                return [(kind, [bytes(view[_HEAD_ONE.size:signed_end])])]
         if self._buf:
             self._buf += view[:n]
             out, used = self._parse(self._buf, len(self._buf))

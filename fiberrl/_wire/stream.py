@@ -25,7 +25,7 @@ from typing import Any, List, Optional, Sequence
 from ..errors import AuthenticationError, ForgedMessageError, NotHereError
 from .auth import (NONCE_BYTES, PROOF_BYTES, Signer, Verifier, fresh_nonce, proofs, run_secret,
                    session_keys)
-from .framing import IOV_MAX, FrameReader, Message, drop_written, encode, write_all
+from .framing import IOV_MAX, FrameReader, Message, drop_written, encode, encode_one, write_all
 from .sockets import Address, connect, recv_exact, tune
 from .spin import worth_spinning
 
@@ -170,6 +170,18 @@ class Stream(_Authenticated):
         ``OSError`` if the stream is broken."""
         with self._send_lock:
             write_all(self.sock, encode(self._signer, kind, frames))
+
+    def send_one(self, kind: bytes, frame: bytes) -> None:
+        """``send(kind, [frame])`` for one ``bytes`` frame under
+        :data:`~fiberrl._wire.framing.SMALL` bytes, in fewer steps (a pipe's hot path)."""
+        with self._send_lock:
+            data = encode_one(self._signer, kind, frame)
+            try:
+                sent = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            if sent < len(data):
+                write_all(self.sock, [memoryview(data)[sent:]])
 
     def poll(self, timeout: Optional[float] = 0.0) -> bool:
         """Whether a message (or end of file) can be read within ``timeout`` seconds;
