@@ -301,24 +301,35 @@ class Connection:
         if self._peer_gone:
             raise BrokenPipeError("the other end of the pipe is closed")
 
+    def _send_quick(self, kind: bytes, payload: Any) -> bool:
+        """Send one small signed payload the short way when the end is active here and
+        connected (the usual case); False when the general path must do it."""
+        outbox = self._outbox
+        if (outbox is None or type(payload) is not bytes or len(payload) >= _QUICK_BYTES
+                or self._pid != this_pid() or not self._writable or self._closed
+                or self._peer_gone):
+            return False
+        try:
+            outbox.send_small(kind, payload)
+            return True
+        except OSError as exc:   # the general path reconnects, or says why it cannot
+            logger.debug("pipe %s: stream to the other end broke: %s", self._pipe_id, exc)
+            self._disconnect()
+            self._suspect = True
+            return False
+
     def send(self, obj: Any) -> None:
         """Send a picklable object to the other end."""
         self._check_writable()
-        self._send_frames(_OBJECT, reduction.dumps(obj))
+        frames = reduction.dumps(obj)
+        if len(frames) == 1 and self._send_quick(_OBJECT, frames[0]):
+            return
+        self._send_frames(_OBJECT, frames)
 
     def send_bytes(self, buf: Any, offset: int = 0, size: Optional[int] = None) -> None:
         """Send bytes from a bytes-like object (optionally a slice ``[offset:offset+size]``)."""
-        outbox = self._outbox
-        if (outbox is not None and type(buf) is bytes and len(buf) < _QUICK_BYTES
-                and offset == 0 and size is None and self._pid == this_pid()
-                and self._writable and not self._closed and not self._peer_gone):
-            try:   # the usual case, in as few steps as it takes
-                outbox.send_small(_BYTES, buf)
-                return
-            except OSError as exc:   # the general path below reconnects, or says why not
-                logger.debug("pipe %s: stream to the other end broke: %s", self._pipe_id, exc)
-                self._disconnect()
-                self._suspect = True
+        if offset == 0 and size is None and self._send_quick(_BYTES, buf):
+            return
         self._check_writable()
         if type(buf) is bytes and offset == 0 and size is None:
             self._send_frames(_BYTES, [buf] if len(buf) < _SIGNED_BYTES else [b"", buf])
@@ -376,21 +387,33 @@ class Connection:
             timeout = 0.0
         return self._wait(timeout)
 
+    def _take_quick(self, kind: bytes) -> Optional[List[Any]]:
+        """The next message's frames, taken the short way when the end is active here,
+        connected and the message is of ``kind`` (the usual case); None when the
+        general path must decide (nothing within 1 s, end of file, a broken stream)."""
+        if (self._pid != this_pid() or not self._readable or self._closed or self._suspect
+                or self._eof or self._peer_loc is None):
+            return None
+        pending = self._pending
+        if not pending:
+            self._collect(1.0)
+        if pending and pending[0][0] == kind:
+            return pending.popleft()[1]
+        return None
+
     def recv(self) -> Any:
         """Receive an object sent with :meth:`send` (``EOFError`` when the peer is gone)."""
-        self._check_readable()
-        kind, body = self._next()
+        body = self._take_quick(_OBJECT)
+        if body is None:
+            self._check_readable()
+            kind, body = self._next()
         return reduction.loads(body)
 
     def recv_bytes(self, maxlength: Optional[int] = None) -> bytes:
         """Receive a message sent with :meth:`send_bytes` as ``bytes``."""
-        if (maxlength is None and self._pid == this_pid() and self._readable and not self._closed
-                and not self._suspect and not self._eof and self._peer_loc is not None):
-            pending = self._pending   # the usual case, in as few steps as it takes
-            if not pending:
-                self._collect(1.0)
-            if pending and pending[0][0] == _BYTES:
-                body = pending.popleft()[1]
+        if maxlength is None:
+            body = self._take_quick(_BYTES)
+            if body is not None:
                 return bytes(body[-1]) if body else b""
         self._check_readable()
         if maxlength is not None and maxlength < 0:
