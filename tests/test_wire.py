@@ -96,6 +96,23 @@ def test_a_large_messages_buffers_arrive_each_aligned_and_writable(served):
     channel.close()
 
 
+def test_a_large_message_of_many_frames_arrives_whole(served):
+    """Tens of thousands of out-of-band frames (the wire's limit is 65,536): the
+    sender writes them 64 at a time and the receiver fills one buffer per frame."""
+    address, channels = served
+    stream = open_stream(address, "test-wire")
+    channel = channels.get(timeout=10)
+    sent = [b"head", *[bytes([i % 251]) * (32 + i % 7) for i in range(40_000)]]
+    writer = threading.Thread(target=lambda: stream.send(b"m", sent))
+    writer.start()   # ~1.5 MiB: received as a large message, straight into its buffers
+    (kind, frames), = _drain(channel, 1)
+    writer.join(10)
+    assert kind == b"m" and len(frames) == len(sent)
+    assert all(bytes(got) == want for got, want in zip(frames, sent))
+    stream.close()
+    channel.close()
+
+
 def test_a_wrong_key_is_refused(served):
     address, channels = served
     with pytest.raises(AuthenticationError):

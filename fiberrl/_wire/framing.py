@@ -18,10 +18,12 @@ frame in a buffer of its own, so it starts aligned), so a 16 MiB array costs one
 """
 from __future__ import annotations
 
+import collections
+import itertools
 import socket
 import struct
 import threading
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Deque, List, Optional, Sequence, Tuple
 
 from ..errors import ForgedMessageError
 from .auth import MAC_BYTES, Signer, Verifier
@@ -60,27 +62,35 @@ def encode(signer: Signer, kind: bytes, frames: Sequence[Any]) -> List[Any]:
     return [head, *views[:1], digest, *views[1:]]
 
 
-def drop_written(pieces: List[Any], written: int) -> None:
-    """Remove the first ``written`` bytes from a list of pieces being written."""
+def drop_written(pieces: Deque[Any], written: int) -> None:
+    """Remove the first ``written`` bytes from a queue of pieces being written (or
+    buffers being filled): each step is O(1), so a message of many frames costs time
+    in proportion to its frames."""
     while written and pieces:
         size = len(pieces[0]) if type(pieces[0]) is bytes else pieces[0].nbytes
         if written >= size:
             written -= size
-            pieces.pop(0)
+            pieces.popleft()
         else:
             pieces[0] = memoryview(pieces[0])[written:]
             written = 0
 
 
+def first_pieces(pieces: Deque[Any]) -> List[Any]:
+    """The pieces one ``sendmsg``/``recvmsg_into`` call takes (at most ``IOV_MAX``)."""
+    return list(itertools.islice(pieces, IOV_MAX))
+
+
 def write_all(sock: socket.socket, pieces: List[Any]) -> None:
     """Write every piece on a non-blocking socket, waiting while its buffer is full
     (the socket stays non-blocking, so a thread reading it is never stalled)."""
-    while pieces:
+    queue = collections.deque(pieces)
+    while queue:
         try:
-            if len(pieces) == 1:
-                drop_written(pieces, sock.send(pieces[0]))
+            if len(queue) == 1:
+                drop_written(queue, sock.send(queue[0]))
             else:
-                drop_written(pieces, sock.sendmsg(pieces[:IOV_MAX]))
+                drop_written(queue, sock.sendmsg(first_pieces(queue)))
         except (BlockingIOError, InterruptedError):
             wait_for(sock.fileno(), writable=True)
 
@@ -98,11 +108,12 @@ def _scratch_buffer() -> Tuple[bytearray, memoryview]:
 
 
 def _receive(sock: socket.socket, into: Any) -> int:
-    """``recv_into`` on a non-blocking socket (``recvmsg_into`` when ``into`` is a list
+    """``recv_into`` on a non-blocking socket (``recvmsg_into`` when ``into`` is a deque
     of buffers to fill in turn): 0 if nothing is there yet; ``EOFError`` when the
     stream ended or broke."""
     try:
-        n = sock.recvmsg_into(into[:IOV_MAX])[0] if type(into) is list else sock.recv_into(into)
+        n = (sock.recvmsg_into(first_pieces(into))[0] if type(into) is collections.deque
+             else sock.recv_into(into))
     except (BlockingIOError, InterruptedError):
         return 0
     except OSError as exc:
@@ -207,7 +218,7 @@ class FrameReader:
         needs no copy to be aligned)."""
         first = sizes[0] if sizes else 0
         parts = [bytearray(first + MAC_BYTES), *[bytearray(n) for n in sizes[1:]]]
-        empty = [memoryview(part) for part in parts if part]
+        empty = collections.deque(memoryview(part) for part in parts if part)
         received = memoryview(data)[meta:end]
         while received.nbytes:   # what came with the message's head
             n = min(received.nbytes, empty[0].nbytes)

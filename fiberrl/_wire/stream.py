@@ -14,18 +14,20 @@ The set-up and the message format are described in :mod:`fiberrl._wire.auth` and
 """
 from __future__ import annotations
 
+import collections
 import hmac
 import os
 import select
 import socket
 import threading
 import time
-from typing import Any, List, Optional, Sequence
+from typing import Any, Deque, List, Optional, Sequence
 
 from ..errors import AuthenticationError, ForgedMessageError, NotHereError
 from .auth import (NONCE_BYTES, PROOF_BYTES, Signer, Verifier, fresh_nonce, proofs, run_secret,
                    session_keys)
-from .framing import IOV_MAX, FrameReader, Message, drop_written, encode, encode_one, write_all
+from .framing import (FrameReader, Message, drop_written, encode, encode_one, first_pieces,
+                      write_all)
 from .sockets import Address, connect, recv_exact, tune
 from .spin import worth_spinning
 
@@ -260,7 +262,7 @@ class Channel(_Authenticated):
                  initial: bytes = b"") -> None:
         super().__init__(sock, send_key, recv_key, initial)
         self._early = self._reader.pending()
-        self._out: List[Any] = []
+        self._out: Deque[Any] = collections.deque()
         self._lock = threading.Lock()
 
     @property
@@ -293,7 +295,7 @@ class Channel(_Authenticated):
         out = self._out
         while out:
             try:
-                sent = self.sock.sendmsg(out[:IOV_MAX])
+                sent = self.sock.sendmsg(first_pieces(out))
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
