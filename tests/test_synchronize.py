@@ -187,6 +187,30 @@ def test_rlock_refuses_release_by_another_process_and_lock_allows_it():
         lock.release()  # already released by the child
 
 
+def _try_lock(lock, result):
+    result.put((lock.acquire(block=False), lock.acquire(block=True, timeout=0.05)))
+
+
+@pytest.mark.parametrize("make", [fiberrl.Lock, fiberrl.Semaphore, fiberrl.BoundedSemaphore])
+def test_acquire_takes_the_stdlibs_keyword_block(make):
+    """``SemLock.acquire(block=True, timeout=None)``: pebble and others pass ``block=``;
+    ``blocking=`` (a manager proxy's and threading's name) is a TypeError, as there."""
+    lock = make()
+    assert lock.acquire(block=False) is True
+    result = fiberrl.Queue()
+    proc = fiberrl.Process(target=_try_lock, args=(lock, result))
+    proc.start()
+    assert result.get(timeout=30) == (False, False)   # held here: the child cannot take it
+    proc.join(30)
+    lock.release()
+    with pytest.raises(TypeError):
+        lock.acquire(blocking=False)
+    for other in (fiberrl.RLock(), fiberrl.Condition()):
+        assert other.acquire(block=False) is True and other.acquire(block=True, timeout=1)
+        other.release()
+        other.release()
+
+
 def test_bad_arguments_fail_at_the_call():
     with pytest.raises(ValueError):
         fiberrl.Semaphore(-1)

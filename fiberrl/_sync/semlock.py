@@ -72,7 +72,18 @@ class SemLockView:
         return f"<fiberrl SemLockView kind={self.kind} of {self._proxy!r}>"
 
 
-class LockProxy(managers.AcquirerProxy):
+class _SemLockAcquire:
+    """``acquire`` with the signature of the stdlib's ``SemLock.acquire`` (its first
+    argument is ``block``; a manager's lock proxy calls it ``blocking``)."""
+
+    def acquire(self, block: bool = True, timeout: Optional[float] = None) -> bool:
+        """Take the lock or a permit; False if ``block`` is false or ``timeout`` passes
+        first."""
+        args = (block,) if timeout is None else (block, timeout)
+        return self._callmethod("acquire", args)   # type: ignore[attr-defined]
+
+
+class LockProxy(_SemLockAcquire, managers.AcquirerProxy):
     """``fiberrl.Lock()``/``RLock()``: a lock with the stdlib's ``_semlock``."""
 
     _exposed_ = managers.AcquirerProxy._exposed_ + _STATE_EXPOSED
@@ -83,7 +94,7 @@ class LockProxy(managers.AcquirerProxy):
         return SemLockView(self, kind)
 
 
-class SemaphoreProxy(managers.SemaphoreProxy):
+class SemaphoreProxy(_SemLockAcquire, managers.SemaphoreProxy):
     """``fiberrl.Semaphore()``/``BoundedSemaphore()`` with the stdlib's ``_semlock``."""
 
     _exposed_ = managers.SemaphoreProxy._exposed_ + _STATE_EXPOSED
@@ -91,3 +102,7 @@ class SemaphoreProxy(managers.SemaphoreProxy):
     @property
     def _semlock(self) -> SemLockView:
         return SemLockView(self, SEMAPHORE)
+
+
+class ConditionProxy(_SemLockAcquire, managers.ConditionProxy):
+    """``fiberrl.Condition()``: its ``acquire`` is its lock's, as in the stdlib."""
