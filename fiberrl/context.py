@@ -330,11 +330,14 @@ _concrete_contexts: dict = {}
 
 
 def concrete_context(method: str) -> FiberContext:
-    """The one context of start method ``method`` (``ValueError`` for an unknown name)."""
-    if method not in _CONCRETE:
-        raise ValueError(f"cannot find context for {method!r}")
+    """The one context of start method ``method`` (``ValueError`` for an unknown name).
+
+    A library may add its own context to ``_concrete_contexts``, as it would to the
+    stdlib's table (loky does): it is found by name here too."""
     ctx = _concrete_contexts.get(method)
     if ctx is None:
+        if method not in _CONCRETE:
+            raise ValueError(f"cannot find context for {method!r}")
         ctx = _concrete_contexts.setdefault(method, _CONCRETE[method](method))
     return ctx
 

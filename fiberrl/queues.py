@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import queue as _queue
+from queue import Empty, Full  # noqa: F401 (where the stdlib's module has them too)
 import secrets
 import threading
 from typing import Any, List, Optional
@@ -38,6 +39,10 @@ from ._services.queue_feeder import Feeder, feeders
 from ._wire.sockets import wait_for
 
 __all__ = ["Queue", "JoinableQueue", "SimpleQueue"]
+
+#: the stdlib module's end-of-feed marker, importable here for code built on that module
+#: (loky imports it); fiberrl's feeder does not use it
+_sentinel = object()
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from ._sync import coordination
-from ._sync.semlock import RECURSIVE_MUTEX, SEMAPHORE
+from ._sync.semlock import RECURSIVE_MUTEX, SEMAPHORE, SemLock  # noqa: F401 (the stdlib's name)
 
 SEM_VALUE_MAX = __import__("_multiprocessing").SemLock.SEM_VALUE_MAX
 

@@ -72,7 +72,7 @@ class SemLockView:
         return f"<fiberrl SemLockView kind={self.kind} of {self._proxy!r}>"
 
 
-class _SemLockAcquire:
+class _BlockAcquire:
     """``acquire`` with the signature of the stdlib's ``SemLock.acquire`` (its first
     argument is ``block``; a manager's lock proxy calls it ``blocking``)."""
 
@@ -83,10 +83,15 @@ class _SemLockAcquire:
         return self._callmethod("acquire", args)   # type: ignore[attr-defined]
 
 
-class LockProxy(_SemLockAcquire, managers.AcquirerProxy):
-    """``fiberrl.Lock()``/``RLock()``: a lock with the stdlib's ``_semlock``."""
+class SemLock(_BlockAcquire, managers.AcquirerProxy):
+    """The base of fiberrl's lock and semaphore proxies, under the stdlib's name for the
+    base of its own (``multiprocessing.synchronize.SemLock``: loky patches it)."""
 
     _exposed_ = managers.AcquirerProxy._exposed_ + _STATE_EXPOSED
+
+
+class LockProxy(SemLock):
+    """``fiberrl.Lock()``/``RLock()``: a lock with the stdlib's ``_semlock``."""
 
     @property
     def _semlock(self) -> SemLockView:
@@ -94,7 +99,7 @@ class LockProxy(_SemLockAcquire, managers.AcquirerProxy):
         return SemLockView(self, kind)
 
 
-class SemaphoreProxy(_SemLockAcquire, managers.SemaphoreProxy):
+class SemaphoreProxy(SemLock, managers.SemaphoreProxy):
     """``fiberrl.Semaphore()``/``BoundedSemaphore()`` with the stdlib's ``_semlock``."""
 
     _exposed_ = managers.SemaphoreProxy._exposed_ + _STATE_EXPOSED
@@ -104,5 +109,5 @@ class SemaphoreProxy(_SemLockAcquire, managers.SemaphoreProxy):
         return SemLockView(self, SEMAPHORE)
 
 
-class ConditionProxy(_SemLockAcquire, managers.ConditionProxy):
+class ConditionProxy(_BlockAcquire, managers.ConditionProxy):
     """``fiberrl.Condition()``: its ``acquire`` is its lock's, as in the stdlib."""
