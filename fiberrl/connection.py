@@ -66,6 +66,8 @@ _LOOKUP_INTERVAL = 0.2
 _SIGNED_BYTES = 1 << 16   # send_bytes payloads below this are covered by the MAC
 _QUICK_BYTES = 1 << 15    # send_bytes payloads below this take the short path
 _SEND_ATTEMPTS = 3
+_TAKEN_AWAY = ("the pipe end was closed, or sent to another process, by another thread while "
+               "this one used it")
 
 
 _live: "weakref.WeakSet[Connection]" = weakref.WeakSet()
@@ -185,7 +187,7 @@ class Connection:
             self._suspect = True
             return False
         self._outbox, self._suspect = outbox, False
-        self._inbox.watch(outbox.fileno())
+        self._live_inbox().watch(outbox.fileno())
         return True
 
     def _disconnect(self) -> None:
@@ -361,9 +363,21 @@ class Connection:
             if deadline is not None and time.monotonic() >= deadline:
                 return False
 
+    def _live_inbox(self) -> Inbox:
+        """The inbox of this active end; ``OSError`` if another thread of this process
+        closed the end or handed it to another process meanwhile."""
+        inbox = self._inbox
+        if inbox is None or inbox.closed:
+            raise OSError(_TAKEN_AWAY)
+        return inbox
+
     def _collect(self, timeout: float) -> None:
         """Move what arrives within ``timeout`` s into the pending messages."""
-        dropped, broke = self._inbox.receive(self._pending, timeout)
+        inbox = self._live_inbox()
+        try:
+            dropped, broke = inbox.receive(self._pending, timeout)
+        except ValueError:   # its epoll set was closed under this thread
+            raise OSError(_TAKEN_AWAY) from None
         if broke:
             self._disconnect()
         if dropped or broke:

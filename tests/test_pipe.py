@@ -322,3 +322,32 @@ def test_messages_from_several_senders_come_in_the_order_they_were_sent():
         for stream in senders:
             stream.close()
         inbox.close()
+
+
+def test_an_end_closed_by_another_thread_ends_a_waiting_recv_with_oserror():
+    """A thread blocked in recv() while another thread of its process closes the end
+    gets OSError (it got AttributeError from the torn-down inbox before)."""
+    import threading
+    a, b = fiberrl.Pipe()
+    proc = fiberrl.Process(target=_hold, args=(b, b))   # says "up", then never sends again
+    proc.start()
+    try:
+        assert a.recv() == "up"   # active and connected: the waiting recv takes the short path
+        errors = []
+
+        def wait_for_a_message():
+            try:
+                a.recv()
+            except BaseException as exc:   # noqa: BLE001 - the type is what is tested
+                errors.append(exc)
+
+        waiter = threading.Thread(target=wait_for_a_message)
+        waiter.start()
+        time.sleep(0.3)
+        a.close()
+        waiter.join(10)
+        assert not waiter.is_alive()
+        assert len(errors) == 1 and type(errors[0]) is OSError, errors
+    finally:
+        proc.kill()
+        proc.join(30)
