@@ -50,9 +50,6 @@ EXCEPTIONS = {
     ("pool", "job_counter"): "the stdlib's task counter; fiberrl numbers tasks in pool.tasks",
     ("pool", "INIT"): "the stdlib's state before a pool runs; fiberrl's pools start in RUN",
     ("pool", "Finalize"): "imported helper of the stdlib's pool",
-    # synchronize: fiberrl's locks live in a coordination service
-    ("synchronize", "SemLock"): "the base class of kernel semaphores; fiberrl's locks live in "
-                                "a coordination service (their _semlock is a SemLockView)",
     # sharedctypes: the stdlib's heap-based pickling helpers
     ("sharedctypes", "make_property"): "helper that writes property code for the stdlib's "
                                        "wrappers; fiberrl's wrappers subclass them",
