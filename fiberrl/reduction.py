@@ -27,6 +27,8 @@ from typing import Any, List, Optional, Sequence, Union
 import cloudpickle
 from multiprocessing import connection as _mp_connection
 
+from . import reduction_main
+
 __all__ = ["dumps", "dumps_data", "loads", "Frames", "OUT_OF_BAND_MIN_BYTES",
            "describe_unpicklable", "ForkingPickler", "register", "dump", "DupFd", "sendfds",
            "recvfds", "send_handle", "recv_handle"]
@@ -140,11 +142,20 @@ def _add_torch_reducers() -> None:
 
 
 class _Pickler(cloudpickle.Pickler):
-    """cloudpickle, keeping the file names of code it sends by value."""
+    """cloudpickle, keeping the file names of code it sends by value; functions of the
+    main script share one namespace in the receiving job (:mod:`fiberrl.reduction_main`)."""
 
     dispatch_table = ChainMap(_EXTRA_REDUCERS, _TORCH_REDUCERS,
                               {types.CodeType: _code_reduce_keeping_filename},
                               cloudpickle.Pickler.dispatch_table)
+
+    def _dynamic_function_reduce(self, func: Any) -> Any:
+        reduced = super()._dynamic_function_reduce(func)
+        if not reduction_main.is_main_function(func):
+            return reduced
+        _make, newargs, state, items, pairs, _setstate = reduced
+        return (reduction_main.make_function, newargs, state, items, pairs,
+                reduction_main.set_function_state)
 
 
 def _cloudpickle(obj: Any, buffer_callback: Any = None) -> bytes:

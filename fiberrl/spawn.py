@@ -54,7 +54,15 @@ class _ParentMain(types.ModuleType):
     pickler: a ``multiprocessing.queues.Queue``'s items, a stdlib ``Connection``'s
     messages) name it, and the stdlib's spawn runs the script at every start for them.
     fiberrl's own messages carry such objects by value, so a job that never meets one
-    never runs the script (a script without a ``__name__`` guard still runs once)."""
+    never runs the script (a script without a ``__name__`` guard still runs once).
+
+    Functions of the script that arrive by value live in this module's namespace too
+    (:mod:`fiberrl.reduction_main`), so both kinds see one set of globals. The script
+    runs in that namespace; a name the job had already set there (an initializer's
+    global) keeps its value, as it would have in a stdlib child that ran the script
+    first."""
+
+    is_parent_main = True   # what fiberrl.reduction_main looks for
 
     def __init__(self, path: str) -> None:
         super().__init__("__mp_main__")
@@ -64,9 +72,20 @@ class _ParentMain(types.ModuleType):
         path = self.__dict__.pop("_fiberrl_main_path", None)
         if path is None or name.startswith("__"):
             raise AttributeError(f"module '__main__' has no attribute {name!r}")
-        import runpy
         logger.debug("running the parent's main script %s as __mp_main__", path)
-        self.__dict__.update(runpy.run_path(path, run_name="__mp_main__"))
+        namespace = self.__dict__
+        already = {key: value for key, value in namespace.items() if not key.startswith("__")}
+        try:
+            with open(path, "rb") as source:
+                code = compile(source.read(), path, "exec")
+        except (SyntaxError, ValueError):   # not source (a .pyc): runpy knows those
+            import runpy
+            namespace.update(runpy.run_path(path, run_name="__mp_main__"))
+            namespace.update(already)
+            return getattr(self, name)
+        namespace.update(__file__=path, __builtins__=__builtins__)
+        exec(code, namespace)   # noqa: S102 - the parent's own script, as spawn runs it
+        namespace.update(already)
         return getattr(self, name)
 
 

@@ -79,6 +79,44 @@ def test_functions_of_the_main_script(tmp_path):
     assert done.stdout.strip() == "[0, 3, 6, 9, 12]"
 
 
+def test_globals_an_initializer_of_the_main_script_sets_are_seen_by_its_tasks(tmp_path):
+    """The usual pattern: ``initializer`` loads something into a global of the main
+    script and the tasks use it. Functions of ``__main__`` travel by value; each used
+    to get globals of its own, so the tasks saw the parent's ``None``. A task's own
+    ``global`` assignment is kept by its worker too, as in the stdlib."""
+    script = tmp_path / "initializer_script.py"
+    script.write_text(textwrap.dedent("""
+        import fiberrl
+        from concurrent.futures import ProcessPoolExecutor
+
+        MODEL = None
+        CALLS = 0
+
+        def load(value):
+            global MODEL
+            MODEL = value
+
+        def predict(x):
+            global CALLS
+            CALLS += 1
+            return MODEL, x, CALLS
+
+        if __name__ == "__main__":
+            with ProcessPoolExecutor(1, mp_context=fiberrl.get_context(), initializer=load,
+                                     initargs=("weights",)) as executor:
+                print(list(executor.map(predict, range(3))))
+            worker = fiberrl.Process(target=load, args=("in a process",))
+            worker.start()
+            worker.join(60)
+            print(worker.exitcode, MODEL, CALLS)   # the parent's own globals are untouched
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        "[('weights', 0, 1), ('weights', 1, 2), ('weights', 2, 3)]", "0 None 0"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", [pytest.param("slurm", marks=pytest.mark.slurm),
                                      "docker", "kubernetes"])
