@@ -130,6 +130,9 @@ _EXTRA_REDUCERS: dict = {_mp_connection.Connection: _reduce_stdlib_connection,
                          socket.socket: _reduce_socket}
 
 
+#: torch's own reducers, which share tensors by file descriptor (not taken: ``register``)
+_TORCH_SHARING_MODULE = "torch.multiprocessing.reductions"
+
 #: torch tensors' and storages' reducers (:mod:`fiberrl.reduction_torch`), added once
 #: torch has been imported; fiberrl itself never imports it
 _TORCH_REDUCERS: dict = {}
@@ -330,7 +333,14 @@ class ForkingPickler(_Pickler):
 
     @classmethod
     def register(cls, type_: type, reduce: Any) -> None:
-        """Pickle instances of ``type_`` with ``reduce(obj)`` from now on."""
+        """Pickle instances of ``type_`` with ``reduce(obj)`` from now on.
+
+        ``torch.multiprocessing`` registers its tensors' reducers here when
+        ``multiprocessing`` is mapped to fiberrl; they are not taken: they share a
+        tensor's memory through a file descriptor (``DupFd``), which cannot reach a
+        job, and fiberrl sends tensors' bytes itself (:mod:`fiberrl.reduction_torch`)."""
+        if getattr(reduce, "__module__", None) == _TORCH_SHARING_MODULE:
+            return
         _EXTRA_REDUCERS[type_] = reduce
 
     @classmethod

@@ -48,6 +48,32 @@ PROGRAMS = {
             assert bag.sum().compute(scheduler="processes", num_workers=2) == 5050
             print("dask ok")
         """),
+    "torch": ("torch", """
+        import multiprocessing
+        import torch
+        import torch.multiprocessing as torch_mp
+        from torch.utils.data import DataLoader, Dataset
+
+        class Squares(Dataset):
+            def __len__(self):
+                return 16
+
+            def __getitem__(self, i):
+                return torch.full((3,), float(i * i))
+
+        def work(rank, results):
+            results.put((rank, torch.ones(3) * rank))
+
+        if __name__ == "__main__":
+            assert multiprocessing.__name__ == "fiberrl"
+            results = torch_mp.get_context("spawn").SimpleQueue()
+            torch_mp.spawn(work, args=(results,), nprocs=2, join=True)
+            got = sorted((rank, t.tolist()) for rank, t in [results.get(), results.get()])
+            assert got == [(0, [0.0] * 3), (1, [1.0] * 3)], got
+            batches = list(DataLoader(Squares(), batch_size=4, num_workers=2))
+            assert torch.cat(batches)[:, 0].tolist() == [float(i * i) for i in range(16)]
+            print("torch ok")
+        """),
     "tqdm": ("tqdm", """
         import multiprocessing
         from tqdm.contrib.concurrent import process_map
