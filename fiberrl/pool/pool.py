@@ -56,7 +56,8 @@ class PoolStats:
     worker_deaths: int  #: workers lost unexpectedly (crash, kill, missed heartbeat)
     retried: int       #: tasks re-queued after their worker died
     time_limit_replacements: int = 0  #: workers replaced before their job's time limit
-    payload_bytes_sent: int = 0  #: bytes of pickled tasks and functions sent to workers
+    payload_bytes_sent: int = 0  #: bytes of task messages sent to workers (pickled tasks,
+    #: functions and large arguments)
     cached_arg_sends: int = 0    #: large arguments sent into a worker's cache
     cached_arg_hits: int = 0     #: large task arguments a worker's cache served instead
     cached_args: int = 0         #: shared large arguments the pool holds now (used by a task)
@@ -369,13 +370,21 @@ class Pool:
         result = MapResult(core, func, n_items, chunksize, callback, error_callback, progress)
         memo: dict = {}  # the call's tasks share their large buffers (see .shared)
         batch = []
+        make_task = result._make_task
         try:
-            for index, chunk in enumerate(chunks(iterable, chunksize)):
-                batch.append(result._make_task(index, mode, chunk, len(chunk), index * chunksize,
-                                               memo))
-                if len(batch) >= 256:
-                    core.dispatcher.submit(result, batch, False)
-                    batch = []
+            if chunksize == 1:   # no chunk lists to cut: each item is its own chunk
+                for index, item in enumerate(iterable):
+                    batch.append(make_task(index, mode, [item], 1, index, memo))
+                    if len(batch) >= 256:
+                        core.dispatcher.submit(result, batch, False)
+                        batch = []
+            else:
+                for index, chunk in enumerate(chunks(iterable, chunksize)):
+                    batch.append(make_task(index, mode, chunk, len(chunk), index * chunksize,
+                                           memo))
+                    if len(batch) >= 256:
+                        core.dispatcher.submit(result, batch, False)
+                        batch = []
         except BaseException as exc:
             for task in batch:
                 core.buffers.release(task.frames)

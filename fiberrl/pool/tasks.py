@@ -18,6 +18,7 @@ import abc
 import collections
 import functools
 import itertools
+import logging
 import threading
 import time
 from typing import Any, Callable, Iterable, List, Optional
@@ -25,6 +26,8 @@ from typing import Any, Callable, Iterable, List, Optional
 from .. import reduction
 from ..errors import JobFailedError, TimeoutError
 from .progress import make_progress
+
+logger = logging.getLogger(__name__)
 
 #: What a task does with its pickled arguments in the worker.
 APPLY, MAP, STARMAP = 0, 1, 2
@@ -121,11 +124,29 @@ class FunctionTable:
             self._on_forget(entry)
 
 
+#: types that travel inside a message's header as themselves (see :class:`Task`)
+SCALAR_TYPES = frozenset((bytes, str, int, float, bool, type(None), complex))
+
+
+def all_scalars(items: Any) -> bool:
+    """True if every item of the list or tuple ``items`` is of an exact scalar type."""
+    scalar = SCALAR_TYPES
+    for item in items:
+        if type(item) not in scalar:
+            return False
+    return True
+
+
 class Task:
-    """One chunk of one call: its pickled arguments and where it has been."""
+    """One chunk of one call: its pickled arguments and where it has been.
+
+    ``frames`` is ``[pickle stream, buffer or shared entry, ...]`` (see
+    :mod:`.shared`), or, for a chunk of plain scalars (the common ``map`` over numbers
+    or strings), ``[tuple of the items]``: the tuple travels in the message's header.
+    """
 
     __slots__ = ("id", "call", "index", "first", "mode", "frames", "size", "deaths", "suspect",
-                 "worker", "started")
+                 "worker")
 
     def __init__(self, call: "Call", index: int, mode: int, payload: Any, size: int,
                  first: int = 0, memo: Optional[dict] = None) -> None:
@@ -134,13 +155,17 @@ class Task:
         self.index = index
         self.first = first            # the input index of the chunk's first item
         self.mode = mode
-        # large buffers that repeat become shared entries (see .shared); memo spans a call
-        self.frames = call._core.buffers.share(reduction.dumps(payload), memo)
+        if type(payload) is list and all_scalars(payload):
+            # travels as itself inside the message's header: no pickle of its own here,
+            # no unpickling in the worker (and scalars cannot fail to pickle later)
+            self.frames = [tuple(payload)]
+        else:
+            # large buffers that repeat become shared entries (see .shared); memo spans a call
+            self.frames = call._core.buffers.share(reduction.dumps(payload), memo)
         self.size = size
         self.deaths: List[str] = []   # how the workers that died running it ended
         self.suspect = False          # its worker died: run it alone next time
         self.worker: Optional[int] = None
-        self.started = 0.0
 
     def describe(self, offset: Optional[int] = None) -> str:
         """What the task is, for errors: the call, and the input indices of its items
@@ -205,8 +230,16 @@ class Call(abc.ABC):
         self._set(task.index, ok, value)
         self._maybe_release()
 
-    def _task_added(self) -> None:
-        self._outstanding += 1
+    def _tasks_done(self, done: List[tuple]) -> None:
+        """Tasks of this call finished, ``(task, ok, value, seconds)`` each (I/O thread)."""
+        for task, ok, value, seconds in done:
+            try:
+                self._task_done(task, ok, value, seconds)
+            except Exception:  # user code runs in there (progress sinks)
+                logger.exception("finishing %s failed", task.describe())
+
+    def _tasks_added(self, count: int) -> None:
+        self._outstanding += count
 
     def _all_submitted(self) -> None:
         self._submitted_all = True
@@ -232,8 +265,7 @@ class Call(abc.ABC):
             try:
                 fn(value)
             except Exception:
-                import logging
-                logging.getLogger(__name__).exception("pool callback %r raised", fn)
+                logger.exception("pool callback %r raised", fn)
 
 
 class ApplyResult(Call):
@@ -304,6 +336,33 @@ class MapResult(ApplyResult):
         self._chunks_left = -(-n_items // chunksize) if n_items else 0
         if n_items == 0:
             self._finish(True, [])
+
+    def _tasks_done(self, done: List[tuple]) -> None:
+        """:meth:`Call._tasks_done` without a call per task while chunks succeed and no
+        progress is reported (a noop ``map`` spends much of its time here)."""
+        if self._progress is not None or self._success is not None:
+            super()._tasks_done(done)
+            return
+        mean, items, size = self.mean_duration, self._items, self._chunksize
+        finished = 0
+        for task, ok, value, seconds in done:
+            if not ok:
+                break
+            if seconds >= 0:
+                mean = seconds if mean is None else 0.8 * mean + 0.2 * seconds
+            start = task.index * size
+            items[start:start + len(value)] = value
+            finished += 1
+        self.mean_duration = mean
+        self._outstanding -= finished
+        self._chunks_left -= finished
+        if finished < len(done):
+            super()._tasks_done(done[finished:])  # the failed chunk, and any after it
+            return
+        if self._chunks_left == 0:
+            self._items = []
+            self._finish(True, items)
+        self._maybe_release()
 
     def _set(self, index: int, ok: bool, value: Any) -> None:
         if self._event.is_set():

@@ -22,6 +22,9 @@ Messages (headers; pickle streams are bytes inside the header, large buffers fol
     worker -> pool  ("hello", worker_id, token, pid, host)
                     ("init_failed", worker_id, token, traceback_text)
                     ("results", [(task_id, ok, stream, n_buffers, seconds)])
+                    (n_buffers -1: ``stream`` is the result itself, a scalar or a list
+                    of scalars; a task's ``stream`` is likewise a tuple of scalars, its
+                    chunk itself, for a map over plain scalars)
                     ("bye",)
 """
 from __future__ import annotations
@@ -38,7 +41,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import reduction
 from ..errors import TaskDeserializationError
-from .tasks import APPLY, ITEM_ATTRIBUTE, MAP
+from .tasks import APPLY, ITEM_ATTRIBUTE, MAP, SCALAR_TYPES, all_scalars
 from .wire import WorkerConnection
 from .._runtime import interrupts
 from .._runtime.liveness import parent_watch
@@ -98,7 +101,8 @@ class _Globals:
 
 def _execute(func: Any, mode: int, frames: List[Any]) -> Tuple[bool, Any]:
     try:
-        args = reduction.loads(frames)
+        # a chunk of scalars came as itself, in the header (see tasks.Task)
+        args = frames[0] if type(frames[0]) is tuple else reduction.loads(frames)
     except BaseException as exc:  # noqa: BLE001 - reported to the caller
         return False, TaskDeserializationError(
             f"could not unpickle the task's arguments in the worker: {type(exc).__name__}: {exc}",
@@ -119,6 +123,14 @@ def _execute(func: Any, mode: int, frames: List[Any]) -> Tuple[bool, Any]:
         if mode != APPLY:
             exc.__dict__[ITEM_ATTRIBUTE] = len(results)  # the pool names the item's index
         return False, ExceptionWithTraceback(exc, exc.__traceback__)
+
+
+def _inline(mode: int, value: Any) -> bool:
+    """True for a result that can travel as itself in the header: scalars, or a map
+    chunk's list of scalars (nothing there can fail to pickle or to unpickle)."""
+    if mode == APPLY:
+        return type(value) in SCALAR_TYPES
+    return type(value) is list and all_scalars(value)
 
 
 def _encode_result(ok: bool, value: Any) -> Tuple[bool, List[Any]]:
@@ -194,7 +206,7 @@ class Worker:
 
     def _resolve(self, frames: List[Any]) -> List[Any]:
         """The task's frames with cached entries as private, writable copies."""
-        if all(type(frame) is not int for frame in frames[1:]):
+        if len(frames) == 1 or all(type(frame) is not int for frame in frames[1:]):
             return frames
         return [frames[0], *(memoryview(bytearray(self.cache[frame])) if type(frame) is int
                              else frame for frame in frames[1:])]
@@ -215,9 +227,12 @@ class Worker:
             else:
                 ok, value = _execute(func, mode, frames)
         seconds = time.perf_counter() - started
-        ok, out = _encode_result(ok, value)
-        self.results.append((task_id, ok, bytes(out[0]), len(out) - 1, seconds))
-        self.buffers.extend(out[1:])
+        if ok and _inline(mode, value):
+            self.results.append((task_id, True, value, -1, seconds))  # -1: the value itself
+        else:
+            ok, out = _encode_result(ok, value)
+            self.results.append((task_id, ok, bytes(out[0]), len(out) - 1, seconds))
+            self.buffers.extend(out[1:])
         self.done += 1
         if (self.flush_each or len(self.results) >= _FLUSH_COUNT
                 or time.monotonic() - self.last_flush >= _FLUSH_AFTER):
