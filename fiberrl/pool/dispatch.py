@@ -42,7 +42,7 @@ from .._runtime.runtime import runtime
 from .._wire.stream import Channel
 from .pending import PendingTable
 from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable, LinkCache, SharedBuffer
-from .tasks import Task
+from .tasks import MAP, Task
 from .wire import PoolChannel
 
 logger = logging.getLogger(__name__)
@@ -261,6 +261,12 @@ class Dispatcher:
         link.last_seen = time.monotonic()
         if kind == "results":
             self._on_results(link, header[1], buffers)
+            if header[2] is not None:
+                self._on_run(link, *header[2])
+            if self.pending.held_by(link.id) == 0:
+                link.solo = False
+                link.idle_since = time.monotonic()
+            self._make_hungry(link)
         elif kind == "bye":
             link.retiring = True
 
@@ -311,10 +317,32 @@ class Dispatcher:
             group.append((task, ok, value, seconds))
         if group:
             self._finish_tasks(call, group)
-        if self.pending.held_by(link_id) == 0:
-            link.solo = False
-            link.idle_since = time.monotonic()
-        self._make_hungry(link)
+
+    def _on_run(self, link: WorkerLink, task_ids: list, values: list, seconds: float) -> None:
+        """Results of a run of map tasks (see :mod:`.worker`): each value fills one item."""
+        complete, link_id = self.pending.complete, link.id
+        mean = seconds / max(1, len(task_ids))
+        call, tasks, got = None, [], []
+        for task_id, value in zip(task_ids, values):
+            task = complete(task_id, link_id)
+            if task is None:
+                continue  # a late duplicate of a task that was re-queued
+            if task.call is not call:
+                if tasks:
+                    self._finish_run(call, tasks, got, mean)
+                call, tasks, got = task.call, [], []
+            tasks.append(task)
+            got.append(value)
+        if tasks:
+            self._finish_run(call, tasks, got, mean)
+
+    def _finish_run(self, call: Any, tasks: list, values: list, mean: float) -> None:
+        self.completed += len(tasks)
+        try:
+            call._run_done(tasks, values, mean)
+        except Exception:  # a bug; user code (callbacks, progress sinks) is guarded inside
+            logger.exception("finishing tasks of %s failed", tasks[0].describe())
+        self._forget_if_done(call)
 
     def _finish_tasks(self, call: Any, done: list) -> None:
         """Finish ``(task, ok, value, seconds)`` of ``call``, whose shared buffers are released."""
@@ -388,19 +416,27 @@ class Dispatcher:
                 rounds += 1
 
     def _send(self, link: WorkerLink, batch: List[Task]) -> None:
-        funcs, func_buffers, tasks, task_buffers, added = [], [], [], [], []
+        funcs, func_buffers, tasks, task_buffers, added, runs = [], [], [], [], [], []
         cache, known, append = link.cache, link.known, tasks.append
-        function = None
+        function = run_ids = run_items = None   # run: map tasks of one scalar (see worker)
         for task in batch:
             if task.call.function is not function:
-                function = task.call.function
+                function, run_ids = task.call.function, None
                 if function.id not in known:
                     known.add(function.id)
                     funcs.append((function.id, function.frames[0], len(function.frames) - 1))
                     func_buffers.extend(function.frames[1:])
             frames = task.frames
             if len(frames) == 1:   # the common small task: no buffers at all
-                append((task.id, function.id, task.mode, frames[0], ()))
+                stream = frames[0]
+                if type(stream) is tuple and len(stream) == 1 and task.mode == MAP:
+                    if run_ids is None:
+                        run_ids, run_items = [], []
+                        runs.append((function.id, run_ids, run_items))
+                    run_ids.append(task.id)
+                    run_items.append(stream[0])
+                else:
+                    append((task.id, function.id, task.mode, stream, ()))
                 continue
             layout, new, hits = cache.encode(task.id, frames, task_buffers)
             added.extend(new)
@@ -421,8 +457,8 @@ class Dispatcher:
         cache_drops, link.cache.drops = link.cache.drops, []
         buffers = [*func_buffers, *(entry.data for entry in added), *task_buffers]
         self.payload_bytes_sent += self._send_message(
-            link, ("tasks", funcs, drops, tasks, solo, [entry.key for entry in added], cache_drops),
-            buffers)
+            link, ("tasks", funcs, drops, tasks, solo, [entry.key for entry in added], cache_drops,
+                   runs), buffers)
 
     def _send_message(self, link: WorkerLink, header: tuple, buffers: List[Any]) -> int:
         """Send one message to ``link``; its size in bytes (0 if the worker is gone)."""
@@ -500,7 +536,7 @@ class Dispatcher:
             held = self.pending.held_by(link.id)
             if link.cache.drops and not link.stop_sent:  # freed entries, to an idle worker
                 drops, link.cache.drops = link.cache.drops, []
-                self._send_message(link, ("tasks", [], [], [], False, [], drops), [])
+                self._send_message(link, ("tasks", [], [], [], False, [], drops, []), [])
             silent = self._silence(link, now)
             if silent > self.heartbeat_timeout:
                 link.dead = True

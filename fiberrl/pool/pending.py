@@ -61,7 +61,7 @@ class PendingTable:
             del self._tasks[task.id]
             task.worker = None
         if len(held) == 1:
-            held[0].deaths.append(how)
+            held[0].deaths += (how,)
         requeue, exhausted = [], []
         for task in held:
             if len(task.deaths) >= self.max_task_retries:

@@ -31,11 +31,12 @@ from .. import reduction, resources
 from ..config import get_config
 from ..errors import PoolTerminatedError
 from .callbacks import CallbackRunner
-from .dispatch import Dispatcher
+from .dispatch import MAX_BATCH, Dispatcher
 from .limits import ensure_fd_room
 from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable
 from .supervisor import Supervisor
-from .tasks import APPLY, MAP, STARMAP, ApplyResult, FunctionTable, IMapIterator, MapResult, chunks
+from .tasks import (APPLY, MAP, SCALAR_TYPES, STARMAP, ApplyResult, FunctionTable, IMapIterator,
+                    MapResult, Task, chunks)
 
 logger = logging.getLogger(__name__)
 
@@ -213,12 +214,14 @@ class Pool:
     def map(self, func: Callable[[Any], Any], iterable: Iterable[Any], chunksize: Optional[int] = None,
             *, progress: Any = False) -> List[Any]:
         """``list(map(func, iterable))``, computed by the workers."""
-        return self._map_async(func, iterable, MAP, chunksize, None, None, progress).get()
+        return self._map_async(func, iterable, MAP, chunksize, None, None, progress,
+                               self._map_window()).get()
 
     def starmap(self, func: Callable[..., Any], iterable: Iterable[Iterable[Any]],
                 chunksize: Optional[int] = None, *, progress: Any = False) -> List[Any]:
         """Like :meth:`map`, calling ``func(*item)``."""
-        return self._map_async(func, iterable, STARMAP, chunksize, None, None, progress).get()
+        return self._map_async(func, iterable, STARMAP, chunksize, None, None, progress,
+                               self._map_window()).get()
 
     def map_async(self, func: Callable[[Any], Any], iterable: Iterable[Any],
                   chunksize: Optional[int] = None, callback: Optional[Callable] = None,
@@ -350,11 +353,19 @@ class Pool:
             self._core.supervisor.request("resize", self._processes)
 
     # -- helpers -----------------------------------------------------------------------
+    def _map_window(self) -> int:
+        """Tasks a blocking map keeps outstanding: enough for every worker's fullest batch."""
+        return 4096 + 2 * MAX_BATCH * self._processes
+
     def _check_running(self) -> None:
         if self._state != RUN:
             raise ValueError("Pool not running")
 
-    def _map_async(self, func, iterable, mode, chunksize, callback, error_callback, progress):
+    def _map_async(self, func, iterable, mode, chunksize, callback, error_callback, progress,
+                   window=None):
+        """Submit a map's tasks. ``window`` (a blocking ``map``): keep at most about that many
+        tasks outstanding while submitting, so that a long map's tasks are not all alive
+        at once (the garbage collector walks every live one, again and again)."""
         self._check_running()
         _check_callable(func)
         if not hasattr(iterable, "__len__"):
@@ -369,29 +380,31 @@ class Pool:
         core = self._core
         result = MapResult(core, func, n_items, chunksize, callback, error_callback, progress)
         memo: dict = {}  # the call's tasks share their large buffers (see .shared)
-        batch = []
-        make_task = result._make_task
+        batch: list = []
+        submit, make_task = core.dispatcher.submit, result._make_task
         try:
             if chunksize == 1:   # no chunk lists to cut: each item is its own chunk
-                for index, item in enumerate(iterable):
-                    batch.append(make_task(index, mode, [item], 1, index, memo))
-                    if len(batch) >= 256:
-                        core.dispatcher.submit(result, batch, False)
-                        batch = []
+                tasks = (Task(result, index, mode, None, 1, index, None, (item,))
+                         if type(item) in SCALAR_TYPES else
+                         make_task(index, mode, [item], 1, index, memo)
+                         for index, item in enumerate(iterable))
             else:
-                for index, chunk in enumerate(chunks(iterable, chunksize)):
-                    batch.append(make_task(index, mode, chunk, len(chunk), index * chunksize,
-                                           memo))
-                    if len(batch) >= 256:
-                        core.dispatcher.submit(result, batch, False)
-                        batch = []
+                tasks = (make_task(index, mode, chunk, len(chunk), index * chunksize, memo)
+                         for index, chunk in enumerate(chunks(iterable, chunksize)))
+            for task in tasks:
+                batch.append(task)
+                if len(batch) >= 256:
+                    submit(result, batch, False)
+                    batch = []
+                    if window is not None and not result._wait_for_room(window):
+                        break   # the call failed or the pool stopped: nothing more to run
         except BaseException as exc:
             for task in batch:
                 core.buffers.release(task.frames)
-            core.dispatcher.submit(result, [], True)
+            submit(result, [], True)
             result._abort(exc)
             raise
-        core.dispatcher.submit(result, batch, True)
+        submit(result, batch, True)
         return result
 
     def _imap(self, func, iterable, chunksize, ordered, progress):

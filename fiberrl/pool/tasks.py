@@ -21,7 +21,7 @@ import itertools
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable, List, Optional
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 from .. import reduction
 from ..errors import JobFailedError, TimeoutError
@@ -140,30 +140,35 @@ def all_scalars(items: Any) -> bool:
 class Task:
     """One chunk of one call: its pickled arguments and where it has been.
 
-    ``frames`` is ``[pickle stream, buffer or shared entry, ...]`` (see
+    ``frames`` is ``(pickle stream, buffer or shared entry, ...)`` (see
     :mod:`.shared`), or, for a chunk of plain scalars (the common ``map`` over numbers
-    or strings), ``[tuple of the items]``: the tuple travels in the message's header.
+    or strings), ``(tuple of the items,)``: the tuple travels in the message's header.
     """
 
     __slots__ = ("id", "call", "index", "first", "mode", "frames", "size", "deaths", "suspect",
                  "worker")
 
     def __init__(self, call: "Call", index: int, mode: int, payload: Any, size: int,
-                 first: int = 0, memo: Optional[dict] = None) -> None:
+                 first: int = 0, memo: Optional[dict] = None,
+                 scalars: Optional[tuple] = None) -> None:
         self.id = next(_task_ids)  # internal: the pending table's key, never shown to users
         self.call = call
         self.index = index
         self.first = first            # the input index of the chunk's first item
         self.mode = mode
-        if type(payload) is list and all_scalars(payload):
+        # (frames is a tuple, and deaths one until a death: a map's many tasks then add
+        # one object per task for the garbage collector to walk, not three)
+        if scalars is not None:       # the chunk, known to hold scalars only
+            self.frames = (scalars,)
+        elif type(payload) is list and all_scalars(payload):
             # travels as itself inside the message's header: no pickle of its own here,
             # no unpickling in the worker (and scalars cannot fail to pickle later)
-            self.frames = [tuple(payload)]
+            self.frames = (tuple(payload),)
         else:
             # large buffers that repeat become shared entries (see .shared); memo spans a call
             self.frames = call._core.buffers.share(reduction.dumps(payload), memo)
         self.size = size
-        self.deaths: List[str] = []   # how the workers that died running it ended
+        self.deaths: Tuple[str, ...] = ()   # how the workers that died running it ended
         self.suspect = False          # its worker died: run it alone next time
         self.worker: Optional[int] = None
 
@@ -237,6 +242,11 @@ class Call(abc.ABC):
                 self._task_done(task, ok, value, seconds)
             except Exception:  # user code runs in there (progress sinks)
                 logger.exception("finishing %s failed", task.describe())
+
+    def _run_done(self, tasks: List[Task], values: List[Any], seconds: float) -> None:
+        """Map tasks of one item each succeeded with ``values``, taking ``seconds`` each
+        on average (I/O thread)."""
+        self._tasks_done([(task, True, [value], seconds) for task, value in zip(tasks, values)])
 
     def _tasks_added(self, count: int) -> None:
         self._outstanding += count
@@ -334,15 +344,61 @@ class MapResult(ApplyResult):
         self._chunksize = chunksize
         self._items: List[Any] = [None] * n_items
         self._chunks_left = -(-n_items // chunksize) if n_items else 0
+        self._room: Optional[threading.Event] = None   # see _wait_for_room
+        self._low_water = -1
         if n_items == 0:
             self._finish(True, [])
+
+    def _wait_for_room(self, window: int) -> bool:
+        """Block the submitting caller while more than ``window`` tasks are outstanding,
+        until half of them finished; False once the call finished (failed, or aborted):
+        submit no more."""
+        if self._outstanding > window:
+            if self._room is None:
+                self._room = threading.Event()
+            self._low_water = window // 2      # (after _room: the I/O thread reads both)
+            while self._success is None:
+                self._room.clear()
+                if self._outstanding <= self._low_water:
+                    break
+                self._room.wait(_WAKE)   # a wake-up sooner: see _tasks_done
+        return self._success is None
 
     def _tasks_done(self, done: List[tuple]) -> None:
         """:meth:`Call._tasks_done` without a call per task while chunks succeed and no
         progress is reported (a noop ``map`` spends much of its time here)."""
         if self._progress is not None or self._success is not None:
             super()._tasks_done(done)
+        else:
+            self._chunks_done(done)
+        self._make_room()
+
+    def _run_done(self, tasks: List[Task], values: List[Any], seconds: float) -> None:
+        """:meth:`Call._run_done`, filling in one item per task."""
+        if self._progress is not None or self._success is not None:
+            super()._run_done(tasks, values, seconds)   # through _tasks_done
             return
+        items, size = self._items, self._chunksize
+        for task, value in zip(tasks, values):
+            items[task.index * size] = value
+        count, mean = len(tasks), self.mean_duration
+        weight = 0.8 ** count   # as many steps of the average _task_done keeps
+        self.mean_duration = seconds if mean is None else weight * mean + (1 - weight) * seconds
+        self._outstanding -= count
+        self._chunks_left -= count
+        if self._chunks_left == 0:
+            self._items = []
+            self._finish(True, items)
+        self._maybe_release()
+        self._make_room()
+
+    def _make_room(self) -> None:
+        if self._low_water >= 0 and not self._room.is_set() and (
+                self._outstanding <= self._low_water or self._success is not None):
+            self._room.set()   # the caller submitting this map may go on (_wait_for_room)
+
+    def _chunks_done(self, done: List[tuple]) -> None:
+        """Fill in succeeded chunks; the first failed one, and those after it, one by one."""
         mean, items, size = self.mean_duration, self._items, self._chunksize
         finished = 0
         for task, ok, value, seconds in done:
