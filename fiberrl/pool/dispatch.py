@@ -40,9 +40,10 @@ from ..errors import PoolTerminatedError, TaskRetryError
 from .._runtime.liveness import job_watch
 from .._runtime.runtime import runtime
 from .._wire.stream import Channel
+from .links import WorkerLink
 from .pending import PendingTable
-from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable, LinkCache, SharedBuffer
-from .tasks import MAP, Task
+from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable, SharedBuffer
+from .tasks import Task
 from .wire import PoolChannel
 
 logger = logging.getLogger(__name__)
@@ -51,33 +52,6 @@ BATCH_SECONDS = 0.005     # work handed to a worker at once, when tasks are shor
 MAX_BATCH = 512
 PREFETCH_BELOW = 0.05     # tasks shorter than this get one more task queued behind them
 TICK = 0.1
-
-
-class WorkerLink:
-    """The pool's view of one connected worker."""
-
-    __slots__ = ("id", "channel", "pid", "host", "quota_left", "known", "drops", "cache",
-                 "last_seen", "idle_since", "retiring", "dead", "solo", "hungry", "stop_sent",
-                 "job_token")
-
-    def __init__(self, worker_id: int, channel: PoolChannel, pid: int, host: str,
-                 quota: Optional[int], cache_bytes: int) -> None:
-        self.id = worker_id
-        self.channel = channel
-        self.pid = pid
-        self.host = host
-        self.quota_left = quota
-        self.known: set = set()
-        self.drops: List[int] = []
-        self.cache = LinkCache(cache_bytes)   # the large arguments it holds (see .shared)
-        self.last_seen = time.monotonic()
-        self.idle_since = self.last_seen
-        self.retiring = False
-        self.dead = False
-        self.solo = False
-        self.hungry = False
-        self.stop_sent = False
-        self.job_token: Optional[str] = None   # its job's token, for the job watch
 
 
 class Dispatcher:
@@ -416,49 +390,16 @@ class Dispatcher:
                 rounds += 1
 
     def _send(self, link: WorkerLink, batch: List[Task]) -> None:
-        funcs, func_buffers, tasks, task_buffers, added, runs = [], [], [], [], [], []
-        cache, known, append = link.cache, link.known, tasks.append
-        function = run_ids = run_items = None   # run: map tasks of one scalar (see worker)
-        for task in batch:
-            if task.call.function is not function:
-                function, run_ids = task.call.function, None
-                if function.id not in known:
-                    known.add(function.id)
-                    funcs.append((function.id, function.frames[0], len(function.frames) - 1))
-                    func_buffers.extend(function.frames[1:])
-            frames = task.frames
-            if len(frames) == 1:   # the common small task: no buffers at all
-                stream = frames[0]
-                if type(stream) is tuple and len(stream) == 1 and task.mode == MAP:
-                    if run_ids is None:
-                        run_ids, run_items = [], []
-                        runs.append((function.id, run_ids, run_items))
-                    run_ids.append(task.id)
-                    run_items.append(stream[0])
-                else:
-                    append((task.id, function.id, task.mode, stream, ()))
-                continue
-            layout, new, hits = cache.encode(task.id, frames, task_buffers)
-            added.extend(new)
-            self.cached_arg_sends += len(new)
-            self.cached_arg_hits += hits
-            append((task.id, function.id, task.mode, frames[0], layout))
+        header, buffers, sends, hits = link.task_message(batch)
+        self.cached_arg_sends += sends
+        self.cached_arg_hits += hits
         self.pending.assign_all(batch, link.id)
-        if added:
-            cache.evict()
-        solo = batch[0].suspect
-        link.solo = link.solo or solo
-        drops, link.drops = link.drops, []
         if link.quota_left is not None:
             link.quota_left -= len(batch)
             if link.quota_left <= 0:
                 link.retiring = True
                 self.events.put(("retiring", link.id, "maxtasksperchild reached"))
-        cache_drops, link.cache.drops = link.cache.drops, []
-        buffers = [*func_buffers, *(entry.data for entry in added), *task_buffers]
-        self.payload_bytes_sent += self._send_message(
-            link, ("tasks", funcs, drops, tasks, solo, [entry.key for entry in added], cache_drops,
-                   runs), buffers)
+        self.payload_bytes_sent += self._send_message(link, header, buffers)
 
     def _send_message(self, link: WorkerLink, header: tuple, buffers: List[Any]) -> int:
         """Send one message to ``link``; its size in bytes (0 if the worker is gone)."""

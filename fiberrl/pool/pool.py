@@ -35,8 +35,9 @@ from .dispatch import MAX_BATCH, Dispatcher
 from .limits import ensure_fd_room
 from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable
 from .supervisor import Supervisor
-from .tasks import (APPLY, MAP, SCALAR_TYPES, STARMAP, ApplyResult, FunctionTable, IMapIterator,
-                    MapResult, Task, chunks)
+from .imap import IMapIterator
+from .tasks import (APPLY, MAP, SCALAR_TYPES, STARMAP, ApplyResult, FunctionTable, MapResult, Task,
+                    chunks)
 
 logger = logging.getLogger(__name__)
 
