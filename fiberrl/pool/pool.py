@@ -214,7 +214,11 @@ class Pool:
 
     def map(self, func: Callable[[Any], Any], iterable: Iterable[Any], chunksize: Optional[int] = None,
             *, progress: Any = False) -> List[Any]:
-        """``list(map(func, iterable))``, computed by the workers."""
+        """``list(map(func, iterable))``, computed by the workers.
+
+        Tasks are submitted a bounded window ahead of the results (see
+        :meth:`_map_async`); once a task raised, the rest of the input is not submitted.
+        """
         return self._map_async(func, iterable, MAP, chunksize, None, None, progress,
                                self._map_window()).get()
 
