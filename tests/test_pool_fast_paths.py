@@ -20,7 +20,7 @@ def pool():
         yield shared
 
 
-@pytest.mark.parametrize("chunksize", [1, 3])
+@pytest.mark.parametrize("chunksize", [1, 3, 40])
 def test_scalars_come_back_with_their_values_and_exact_types(pool, chunksize):
     data = SCALARS * 20
     got = pool.map(identity, data, chunksize=chunksize)

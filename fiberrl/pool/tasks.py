@@ -126,6 +126,10 @@ class FunctionTable:
 
 #: types that travel inside a message's header as themselves (see :class:`Task`)
 SCALAR_TYPES = frozenset((bytes, str, int, float, bool, type(None), complex))
+#: the longest chunk (or result list) sent that way: checking the type of each item in
+#: Python costs more than the C pickler's stream for longer ones (measured: 64 ints,
+#: 3.9 us to check, 2.3 us to pickle)
+INLINE_MAX = 16
 
 
 def all_scalars(items: Any) -> bool:
@@ -160,7 +164,7 @@ class Task:
         # one object per task for the garbage collector to walk, not three)
         if scalars is not None:       # the chunk, known to hold scalars only
             self.frames = (scalars,)
-        elif type(payload) is list and all_scalars(payload):
+        elif type(payload) is list and len(payload) <= INLINE_MAX and all_scalars(payload):
             # travels as itself inside the message's header: no pickle of its own here,
             # no unpickling in the worker (and scalars cannot fail to pickle later)
             self.frames = (tuple(payload),)

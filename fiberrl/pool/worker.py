@@ -46,7 +46,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import reduction
 from ..errors import TaskDeserializationError
-from .tasks import APPLY, ITEM_ATTRIBUTE, MAP, SCALAR_TYPES, all_scalars
+from .tasks import APPLY, INLINE_MAX, ITEM_ATTRIBUTE, MAP, SCALAR_TYPES, all_scalars
 from .wire import WorkerConnection
 from .._runtime import interrupts
 from .._runtime.liveness import parent_watch
@@ -132,10 +132,10 @@ def _execute(func: Any, mode: int, frames: List[Any]) -> Tuple[bool, Any]:
 
 def _inline(mode: int, value: Any) -> bool:
     """True for a result that can travel as itself in the header: scalars, or a map
-    chunk's list of scalars (nothing there can fail to pickle or to unpickle)."""
+    chunk's short list of scalars (nothing there can fail to pickle or to unpickle)."""
     if mode == APPLY:
         return type(value) in SCALAR_TYPES
-    return type(value) is list and all_scalars(value)
+    return type(value) is list and len(value) <= INLINE_MAX and all_scalars(value)
 
 
 def _encode_result(ok: bool, value: Any) -> Tuple[bool, List[Any]]:
