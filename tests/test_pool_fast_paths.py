@@ -72,7 +72,9 @@ def test_a_blocking_map_keeps_a_bounded_window_of_tasks(pool):
     window = pool._map_window()
     n = 8 * window
     most = _max_outstanding(pool, lambda: pool.map(identity, range(n), chunksize=1))
-    assert most <= window + 256, (most, window)   # submitted a batch of 256 at most past it
+    # a batch of 256 past it at most, and a sample may count tasks moving from the queue
+    # to the pending table twice: well under what an unbounded map keeps (about n / 2)
+    assert most < 1.5 * window, (most, window)
     assert pool.map(identity, range(n), chunksize=1) == list(range(n))
 
 
