@@ -146,7 +146,8 @@ class Task:
 
     ``frames`` is ``(pickle stream, buffer or shared entry, ...)`` (see
     :mod:`.shared`), or, for a chunk of plain scalars (the common ``map`` over numbers
-    or strings), ``(tuple of the items,)``: the tuple travels in the message's header.
+    or strings), ``(tuple of the items,)``: the tuple travels in the message's header;
+    an ``apply`` whose arguments are a few scalars likewise sends ``((args, {}),)``.
     """
 
     __slots__ = ("id", "call", "index", "first", "mode", "frames", "size", "deaths", "suspect",
@@ -168,6 +169,9 @@ class Task:
             # travels as itself inside the message's header: no pickle of its own here,
             # no unpickling in the worker (and scalars cannot fail to pickle later)
             self.frames = (tuple(payload),)
+        elif (mode == APPLY and not payload[1] and len(payload[0]) <= INLINE_MAX
+              and all_scalars(payload[0])):
+            self.frames = ((payload[0], {}),)   # an apply of a few scalars, likewise
         else:
             # large buffers that repeat become shared entries (see .shared); memo spans a call
             self.frames = call._core.buffers.share(reduction.dumps(payload), memo)

@@ -106,7 +106,7 @@ class _Globals:
 
 def _execute(func: Any, mode: int, frames: List[Any]) -> Tuple[bool, Any]:
     try:
-        # a chunk of scalars came as itself, in the header (see tasks.Task)
+        # a chunk of scalars, or an apply of scalars, came as itself in the header (tasks.Task)
         args = frames[0] if type(frames[0]) is tuple else reduction.loads(frames)
     except BaseException as exc:  # noqa: BLE001 - reported to the caller
         return False, TaskDeserializationError(
