@@ -210,8 +210,9 @@ class Dispatcher:
 
     def _watch_writes(self, channel: PoolChannel, data: list) -> None:
         # (safe from any thread: epoll_ctl is thread-safe, and the loop's tables are dicts)
-        writer = functools.partial(self._on_io, data, selectors.EVENT_WRITE)
-        self.reactor.set_writer(channel.fileno(), writer if channel.wants_write else None)
+        writer = (functools.partial(self._on_io, data, selectors.EVENT_WRITE)
+                  if channel.wants_write else None)   # (the common case: all was written)
+        self.reactor.set_writer(channel.fileno(), writer)
 
     def _unregister(self, channel: PoolChannel) -> None:
         fd = channel.fileno()
