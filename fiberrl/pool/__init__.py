@@ -1,8 +1,9 @@
 """fiberrl's pool: the ``multiprocessing.Pool`` API with a pending table.
 
-``pool.py`` is the API, ``tasks.py`` the tasks and result objects, ``pending.py``
-the pending table and retry budget, ``dispatch.py`` the I/O thread where idle
-workers pull work, ``supervisor.py`` the thread that starts, reaps and scales
+``pool.py`` is the API, ``tasks.py`` the tasks and result objects (``imap.py`` the
+iterator of ``imap``), ``pending.py`` the pending table and retry budget,
+``dispatch.py`` the I/O thread where idle workers pull work (``links.py`` its view of
+one worker and the message that hands it tasks), ``supervisor.py`` the thread that starts, reaps and scales
 workers, and ``worker.py`` the loop inside each worker job. Names are resolved
 lazily, so a worker job imports only ``worker.py``.
 
@@ -22,7 +23,7 @@ __all__ = ["Pool", "ThreadPool", "PoolStats", "ApplyResult", "AsyncResult", "Map
            "TERMINATE"]
 
 _HOMES = {"Pool": "pool", "PoolStats": "pool", "ApplyResult": "tasks", "AsyncResult": "tasks",
-          "MapResult": "tasks", "IMapIterator": "tasks", "IMapUnorderedIterator": "tasks"}
+          "MapResult": "tasks", "IMapIterator": "imap", "IMapUnorderedIterator": "imap"}
 
 
 def __getattr__(name: str) -> Any:

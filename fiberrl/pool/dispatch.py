@@ -40,8 +40,9 @@ from ..errors import PoolTerminatedError, TaskRetryError
 from .._runtime.liveness import job_watch
 from .._runtime.runtime import runtime
 from .._wire.stream import Channel
+from .links import WorkerLink
 from .pending import PendingTable
-from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable, LinkCache, SharedBuffer
+from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable, SharedBuffer
 from .tasks import Task
 from .wire import PoolChannel
 
@@ -51,33 +52,6 @@ BATCH_SECONDS = 0.005     # work handed to a worker at once, when tasks are shor
 MAX_BATCH = 512
 PREFETCH_BELOW = 0.05     # tasks shorter than this get one more task queued behind them
 TICK = 0.1
-
-
-class WorkerLink:
-    """The pool's view of one connected worker."""
-
-    __slots__ = ("id", "channel", "pid", "host", "quota_left", "known", "drops", "cache",
-                 "last_seen", "idle_since", "retiring", "dead", "solo", "hungry", "stop_sent",
-                 "job_token")
-
-    def __init__(self, worker_id: int, channel: PoolChannel, pid: int, host: str,
-                 quota: Optional[int], cache_bytes: int) -> None:
-        self.id = worker_id
-        self.channel = channel
-        self.pid = pid
-        self.host = host
-        self.quota_left = quota
-        self.known: set = set()
-        self.drops: List[int] = []
-        self.cache = LinkCache(cache_bytes)   # the large arguments it holds (see .shared)
-        self.last_seen = time.monotonic()
-        self.idle_since = self.last_seen
-        self.retiring = False
-        self.dead = False
-        self.solo = False
-        self.hungry = False
-        self.stop_sent = False
-        self.job_token: Optional[str] = None   # its job's token, for the job watch
 
 
 class Dispatcher:
@@ -97,6 +71,7 @@ class Dispatcher:
         self.idle_timeout = idle_timeout
         self.events = supervisor_events
         self.queue: "collections.deque[Task]" = collections.deque()
+        self.suspects_queued = 0                   # suspect tasks in the queue
         self.pending = PendingTable(max_task_retries)
         self.links: Dict[int, WorkerLink] = {}
         self.expected: Dict[int, tuple] = {}       # worker id -> (token, maxtasks)
@@ -195,8 +170,7 @@ class Dispatcher:
             call._abort(PoolTerminatedError("the pool was terminated"))
             return
         self.calls.setdefault(id(call), call)
-        for task in tasks:
-            call._task_added()
+        call._tasks_added(len(tasks))
         self.queue.extend(tasks)
         if last:
             call._all_submitted()
@@ -236,8 +210,9 @@ class Dispatcher:
 
     def _watch_writes(self, channel: PoolChannel, data: list) -> None:
         # (safe from any thread: epoll_ctl is thread-safe, and the loop's tables are dicts)
-        writer = functools.partial(self._on_io, data, selectors.EVENT_WRITE)
-        self.reactor.set_writer(channel.fileno(), writer if channel.wants_write else None)
+        writer = (functools.partial(self._on_io, data, selectors.EVENT_WRITE)
+                  if channel.wants_write else None)   # (the common case: all was written)
+        self.reactor.set_writer(channel.fileno(), writer)
 
     def _unregister(self, channel: PoolChannel) -> None:
         fd = channel.fileno()
@@ -261,6 +236,12 @@ class Dispatcher:
         link.last_seen = time.monotonic()
         if kind == "results":
             self._on_results(link, header[1], buffers)
+            if header[2] is not None:
+                self._on_run(link, *header[2])
+            if self.pending.held_by(link.id) == 0:
+                link.solo = False
+                link.idle_since = time.monotonic()
+            self._make_hungry(link)
         elif kind == "bye":
             link.retiring = True
 
@@ -283,24 +264,69 @@ class Dispatcher:
 
     def _on_results(self, link: WorkerLink, results: list, buffers: list) -> None:
         position = 0
+        complete, link_id, cache, table = self.pending.complete, link.id, link.cache, self.buffers
+        call, group = None, []   # consecutive results of one call are finished together
         for task_id, ok, stream, count, seconds in results:
-            frames = [stream, *buffers[position:position + count]]
-            position += count
-            task = self.pending.complete(task_id, link.id)
+            if count >= 0:
+                frames = [stream, *buffers[position:position + count]]
+                position += count
+            task = complete(task_id, link_id)
             if task is None:
                 continue  # a late duplicate of a task that was re-queued
-            link.cache.unpin(task_id)
-            try:
-                value = reduction.loads(frames)
-            except Exception as exc:  # e.g. an exception class that needs other arguments
-                from multiprocessing.pool import MaybeEncodingError
-                ok, value = False, MaybeEncodingError(exc, f"<result of {task.describe()}>")
-            self.completed += 1
-            self._finish_task(task, ok, value, seconds)
-        if self.pending.held_by(link.id) == 0:
-            link.solo = False
-            link.idle_since = time.monotonic()
-        self._make_hungry(link)
+            if cache.by_task:
+                cache.unpin(task_id)
+            if count < 0:
+                value = stream   # a scalar result, or a list of them, sent as itself
+            else:
+                try:
+                    value = reduction.loads(frames)
+                except Exception as exc:  # e.g. an exception class that needs other arguments
+                    from multiprocessing.pool import MaybeEncodingError
+                    ok, value = False, MaybeEncodingError(exc, f"<result of {task.describe()}>")
+            if table is not None and len(task.frames) > 1:   # one frame: nothing shared
+                table.release(task.frames)
+            if task.call is not call:
+                if group:
+                    self._finish_tasks(call, group)
+                call, group = task.call, []
+            group.append((task, ok, value, seconds))
+        if group:
+            self._finish_tasks(call, group)
+
+    def _on_run(self, link: WorkerLink, task_ids: list, values: list, seconds: float) -> None:
+        """Results of a run of map tasks (see :mod:`.worker`): each value fills one item."""
+        complete, link_id = self.pending.complete, link.id
+        mean = seconds / max(1, len(task_ids))
+        call, tasks, got = None, [], []
+        for task_id, value in zip(task_ids, values):
+            task = complete(task_id, link_id)
+            if task is None:
+                continue  # a late duplicate of a task that was re-queued
+            if task.call is not call:
+                if tasks:
+                    self._finish_run(call, tasks, got, mean)
+                call, tasks, got = task.call, [], []
+            tasks.append(task)
+            got.append(value)
+        if tasks:
+            self._finish_run(call, tasks, got, mean)
+
+    def _finish_run(self, call: Any, tasks: list, values: list, mean: float) -> None:
+        self.completed += len(tasks)
+        try:
+            call._run_done(tasks, values, mean)
+        except Exception:  # a bug; user code (callbacks, progress sinks) is guarded inside
+            logger.exception("finishing tasks of %s failed", tasks[0].describe())
+        self._forget_if_done(call)
+
+    def _finish_tasks(self, call: Any, done: list) -> None:
+        """Finish ``(task, ok, value, seconds)`` of ``call``, whose shared buffers are released."""
+        self.completed += len(done)
+        try:
+            call._tasks_done(done)
+        except Exception:  # a bug; user code (callbacks, progress sinks) is guarded inside
+            logger.exception("finishing tasks of %s failed", done[0][0].describe())
+        self._forget_if_done(call)
 
     def _finish_task(self, task: Task, ok: bool, value: Any, seconds: float) -> None:
         if self.buffers is not None and len(task.frames) > 1:   # one frame: nothing shared
@@ -348,55 +374,44 @@ class Dispatcher:
                     self._make_hungry(link)  # may take a normal task once the suspect is placed
                 continue
             fair = -(-len(queue) // max(1, self.target))
-            batch = [queue.popleft()]
-            if not batch[0].suspect:
-                limit = min(free, fair)
-                while queue and len(batch) < limit and not queue[0].suspect:
-                    batch.append(queue.popleft())
+            if self.suspects_queued == 0:   # the common case: take the batch at once
+                popleft = queue.popleft
+                batch = [popleft() for _ in range(min(free, fair, len(queue)))]
+            else:
+                batch = [queue.popleft()]
+                if batch[0].suspect:
+                    self.suspects_queued -= 1
+                else:
+                    limit = min(free, fair)
+                    while queue and len(batch) < limit and not queue[0].suspect:
+                        batch.append(queue.popleft())
             self._send(link, batch)
             if queue and self._free_credit(link, queue[0]) > 0:
                 self._make_hungry(link)
                 rounds += 1
 
     def _send(self, link: WorkerLink, batch: List[Task]) -> None:
-        funcs, func_buffers, tasks, task_buffers, added = [], [], [], [], []
-        cache = link.cache
-        for task in batch:
-            function = task.call.function
-            if function.id not in link.known:
-                link.known.add(function.id)
-                funcs.append((function.id, function.frames[0], len(function.frames) - 1))
-                func_buffers.extend(function.frames[1:])
-            layout, new, hits = cache.encode(task.id, task.frames, task_buffers)
-            added.extend(new)
-            self.cached_arg_sends += len(new)
-            self.cached_arg_hits += hits
-            tasks.append((task.id, function.id, task.mode, task.frames[0], layout))
-            self.pending.assign(task, link.id)
-        if added:
-            cache.evict()
-        solo = batch[0].suspect
-        link.solo = link.solo or solo
-        drops, link.drops = link.drops, []
+        header, buffers, sends, hits = link.task_message(batch)
+        self.cached_arg_sends += sends
+        self.cached_arg_hits += hits
+        self.pending.assign_all(batch, link.id)
         if link.quota_left is not None:
             link.quota_left -= len(batch)
             if link.quota_left <= 0:
                 link.retiring = True
                 self.events.put(("retiring", link.id, "maxtasksperchild reached"))
-        cache_drops, link.cache.drops = link.cache.drops, []
-        buffers = [*func_buffers, *(entry.data for entry in added), *task_buffers]
-        self.payload_bytes_sent += (sum(len(t[3]) for t in tasks) + sum(len(f[1]) for f in funcs)
-                                    + sum(memoryview(b).nbytes for b in buffers))
-        self._send_message(link, ("tasks", funcs, drops, tasks, solo,
-                                  [entry.key for entry in added], cache_drops), buffers)
+        self.payload_bytes_sent += self._send_message(link, header, buffers)
 
-    def _send_message(self, link: WorkerLink, header: tuple, buffers: List[Any]) -> None:
+    def _send_message(self, link: WorkerLink, header: tuple, buffers: List[Any]) -> int:
+        """Send one message to ``link``; its size in bytes (0 if the worker is gone)."""
         try:
-            link.channel.send(header, buffers)
+            size = link.channel.send(header, buffers)
             self._watch_writes(link.channel, self._streams.get(link.channel.fileno(),
                                                                [link.channel, link]))
+            return size
         except (ConnectionError, KeyError) as exc:
             self._connection_lost([link.channel, link], str(exc))
+            return 0
 
     # -- supervision (called by the supervisor through call_soon) -----------------
     def expect(self, worker_id: int, token: str, maxtasks: Optional[int]) -> None:
@@ -436,6 +451,7 @@ class Dispatcher:
                        "pool worker %d %s (%s): re-running %d task(s)", worker_id,
                        "lost" if unexpected else "gone", how, len(requeue))
         self.queue.extendleft(reversed(requeue))
+        self.suspects_queued += len(requeue)   # every re-queued task is suspect
         for task in exhausted:
             error = TaskRetryError(task.describe(), task.deaths)
             logger.error("%s", error)
@@ -451,6 +467,7 @@ class Dispatcher:
         """Fail every queued task with ``error`` (workers cannot start)."""
         while self.queue:
             self._finish_task(self.queue.popleft(), False, error, -1.0)
+        self.suspects_queued = 0
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -461,7 +478,7 @@ class Dispatcher:
             held = self.pending.held_by(link.id)
             if link.cache.drops and not link.stop_sent:  # freed entries, to an idle worker
                 drops, link.cache.drops = link.cache.drops, []
-                self._send_message(link, ("tasks", [], [], [], False, [], drops), [])
+                self._send_message(link, ("tasks", [], [], [], False, [], drops, []), [])
             silent = self._silence(link, now)
             if silent > self.heartbeat_timeout:
                 link.dead = True
@@ -497,6 +514,7 @@ class Dispatcher:
 
     def _abort_all(self, error: BaseException) -> None:
         self.queue.clear()
+        self.suspects_queued = 0
         self.pending.drain()
         calls, self.calls = list(self.calls.values()), {}
         for call in calls:

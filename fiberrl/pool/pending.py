@@ -33,10 +33,16 @@ class PendingTable:
         """How many tasks ``worker_id`` holds."""
         return len(self._by_worker.get(worker_id, ()))
 
-    def assign(self, task: Task, worker_id: int) -> None:
-        task.worker = worker_id
-        self._tasks[task.id] = task
-        self._by_worker.setdefault(worker_id, {})[task.id] = task
+    def assign_all(self, tasks: List[Task], worker_id: int) -> None:
+        """Record that ``tasks`` were handed to ``worker_id``, in this order."""
+        every = self._tasks
+        mine = self._by_worker.get(worker_id)
+        if mine is None:
+            mine = self._by_worker[worker_id] = {}
+        for task in tasks:
+            task.worker = worker_id
+            every[task.id] = task
+            mine[task.id] = task
 
     def complete(self, task_id: int, worker_id: int) -> Optional[Task]:
         """Remove a finished task; None for a result of a task that was re-queued meanwhile."""
@@ -55,7 +61,7 @@ class PendingTable:
             del self._tasks[task.id]
             task.worker = None
         if len(held) == 1:
-            held[0].deaths.append(how)
+            held[0].deaths += (how,)
         requeue, exhausted = [], []
         for task in held:
             if len(task.deaths) >= self.max_task_retries:

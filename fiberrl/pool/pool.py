@@ -31,11 +31,13 @@ from .. import reduction, resources
 from ..config import get_config
 from ..errors import PoolTerminatedError
 from .callbacks import CallbackRunner
-from .dispatch import Dispatcher
+from .dispatch import MAX_BATCH, Dispatcher
 from .limits import ensure_fd_room
 from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable
 from .supervisor import Supervisor
-from .tasks import APPLY, MAP, STARMAP, ApplyResult, FunctionTable, IMapIterator, MapResult, chunks
+from .imap import IMapIterator
+from .tasks import (APPLY, MAP, SCALAR_TYPES, STARMAP, ApplyResult, FunctionTable, MapResult, Task,
+                    chunks)
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +58,8 @@ class PoolStats:
     worker_deaths: int  #: workers lost unexpectedly (crash, kill, missed heartbeat)
     retried: int       #: tasks re-queued after their worker died
     time_limit_replacements: int = 0  #: workers replaced before their job's time limit
-    payload_bytes_sent: int = 0  #: bytes of pickled tasks and functions sent to workers
+    payload_bytes_sent: int = 0  #: bytes of task messages sent to workers (pickled tasks,
+    #: functions and large arguments)
     cached_arg_sends: int = 0    #: large arguments sent into a worker's cache
     cached_arg_hits: int = 0     #: large task arguments a worker's cache served instead
     cached_args: int = 0         #: shared large arguments the pool holds now (used by a task)
@@ -211,13 +214,19 @@ class Pool:
 
     def map(self, func: Callable[[Any], Any], iterable: Iterable[Any], chunksize: Optional[int] = None,
             *, progress: Any = False) -> List[Any]:
-        """``list(map(func, iterable))``, computed by the workers."""
-        return self._map_async(func, iterable, MAP, chunksize, None, None, progress).get()
+        """``list(map(func, iterable))``, computed by the workers.
+
+        Tasks are submitted a bounded window ahead of the results (see
+        :meth:`_map_async`); once a task raised, the rest of the input is not submitted.
+        """
+        return self._map_async(func, iterable, MAP, chunksize, None, None, progress,
+                               self._map_window()).get()
 
     def starmap(self, func: Callable[..., Any], iterable: Iterable[Iterable[Any]],
                 chunksize: Optional[int] = None, *, progress: Any = False) -> List[Any]:
         """Like :meth:`map`, calling ``func(*item)``."""
-        return self._map_async(func, iterable, STARMAP, chunksize, None, None, progress).get()
+        return self._map_async(func, iterable, STARMAP, chunksize, None, None, progress,
+                               self._map_window()).get()
 
     def map_async(self, func: Callable[[Any], Any], iterable: Iterable[Any],
                   chunksize: Optional[int] = None, callback: Optional[Callable] = None,
@@ -349,11 +358,19 @@ class Pool:
             self._core.supervisor.request("resize", self._processes)
 
     # -- helpers -----------------------------------------------------------------------
+    def _map_window(self) -> int:
+        """Tasks a blocking map keeps outstanding: enough for every worker's fullest batch."""
+        return 4096 + 2 * MAX_BATCH * self._processes
+
     def _check_running(self) -> None:
         if self._state != RUN:
             raise ValueError("Pool not running")
 
-    def _map_async(self, func, iterable, mode, chunksize, callback, error_callback, progress):
+    def _map_async(self, func, iterable, mode, chunksize, callback, error_callback, progress,
+                   window=None):
+        """Submit a map's tasks. ``window`` (a blocking ``map``): keep at most about that many
+        tasks outstanding while submitting, so that a long map's tasks are not all alive
+        at once (the garbage collector walks every live one, again and again)."""
         self._check_running()
         _check_callable(func)
         if not hasattr(iterable, "__len__"):
@@ -368,21 +385,31 @@ class Pool:
         core = self._core
         result = MapResult(core, func, n_items, chunksize, callback, error_callback, progress)
         memo: dict = {}  # the call's tasks share their large buffers (see .shared)
-        batch = []
+        batch: list = []
+        submit, make_task = core.dispatcher.submit, result._make_task
         try:
-            for index, chunk in enumerate(chunks(iterable, chunksize)):
-                batch.append(result._make_task(index, mode, chunk, len(chunk), index * chunksize,
-                                               memo))
+            if chunksize == 1:   # no chunk lists to cut: each item is its own chunk
+                tasks = (Task(result, index, mode, None, 1, index, None, (item,))
+                         if type(item) in SCALAR_TYPES else
+                         make_task(index, mode, [item], 1, index, memo)
+                         for index, item in enumerate(iterable))
+            else:
+                tasks = (make_task(index, mode, chunk, len(chunk), index * chunksize, memo)
+                         for index, chunk in enumerate(chunks(iterable, chunksize)))
+            for task in tasks:
+                batch.append(task)
                 if len(batch) >= 256:
-                    core.dispatcher.submit(result, batch, False)
+                    submit(result, batch, False)
                     batch = []
+                    if window is not None and not result._wait_for_room(window):
+                        break   # the call failed or the pool stopped: nothing more to run
         except BaseException as exc:
             for task in batch:
                 core.buffers.release(task.frames)
-            core.dispatcher.submit(result, [], True)
+            submit(result, [], True)
             result._abort(exc)
             raise
-        core.dispatcher.submit(result, batch, True)
+        submit(result, batch, True)
         return result
 
     def _imap(self, func, iterable, chunksize, ordered, progress):

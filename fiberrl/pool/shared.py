@@ -85,14 +85,14 @@ class BufferTable:
         self.live = 0          # entries alive
         self.live_bytes = 0    # their bytes (the pool's copies)
 
-    def share(self, frames: List[Any], memo: Optional[dict]) -> List[Any]:
-        """``frames`` (from :func:`fiberrl.reduction.dumps`) with large buffers replaced by
-        entries; ``memo`` spans the tasks of one call (None: this task only)."""
+    def share(self, frames: List[Any], memo: Optional[dict]) -> tuple:
+        """``frames`` (from :func:`fiberrl.reduction.dumps`) as a tuple, with large buffers
+        replaced by entries; ``memo`` spans the tasks of one call (None: this task only)."""
         if len(frames) == 1:
-            return frames
+            return (frames[0],)
         memo = {} if memo is None else memo
         with self._lock:
-            return [frames[0], *(self._intern(view, memo) for view in frames[1:])]
+            return (frames[0], *(self._intern(view, memo) for view in frames[1:]))
 
     def _intern(self, view: Any, memo: dict) -> Any:
         source = getattr(view, "obj", None)

@@ -18,13 +18,16 @@ import abc
 import collections
 import functools
 import itertools
+import logging
 import threading
 import time
-from typing import Any, Callable, Iterable, List, Optional
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 from .. import reduction
 from ..errors import JobFailedError, TimeoutError
 from .progress import make_progress
+
+logger = logging.getLogger(__name__)
 
 #: What a task does with its pickled arguments in the worker.
 APPLY, MAP, STARMAP = 0, 1, 2
@@ -121,26 +124,61 @@ class FunctionTable:
             self._on_forget(entry)
 
 
+#: types that travel inside a message's header as themselves (see :class:`Task`)
+SCALAR_TYPES = frozenset((bytes, str, int, float, bool, type(None), complex))
+#: the longest chunk (or result list) sent that way: checking the type of each item in
+#: Python costs more than the C pickler's stream for longer ones (measured: 64 ints,
+#: 3.9 us to check, 2.3 us to pickle)
+INLINE_MAX = 16
+
+
+def all_scalars(items: Any) -> bool:
+    """True if every item of the list or tuple ``items`` is of an exact scalar type."""
+    scalar = SCALAR_TYPES
+    for item in items:
+        if type(item) not in scalar:
+            return False
+    return True
+
+
 class Task:
-    """One chunk of one call: its pickled arguments and where it has been."""
+    """One chunk of one call: its pickled arguments and where it has been.
+
+    ``frames`` is ``(pickle stream, buffer or shared entry, ...)`` (see
+    :mod:`.shared`), or, for a chunk of plain scalars (the common ``map`` over numbers
+    or strings), ``(tuple of the items,)``: the tuple travels in the message's header;
+    an ``apply`` whose arguments are a few scalars likewise sends ``((args, {}),)``.
+    """
 
     __slots__ = ("id", "call", "index", "first", "mode", "frames", "size", "deaths", "suspect",
-                 "worker", "started")
+                 "worker")
 
     def __init__(self, call: "Call", index: int, mode: int, payload: Any, size: int,
-                 first: int = 0, memo: Optional[dict] = None) -> None:
+                 first: int = 0, memo: Optional[dict] = None,
+                 scalars: Optional[tuple] = None) -> None:
         self.id = next(_task_ids)  # internal: the pending table's key, never shown to users
         self.call = call
         self.index = index
         self.first = first            # the input index of the chunk's first item
         self.mode = mode
-        # large buffers that repeat become shared entries (see .shared); memo spans a call
-        self.frames = call._core.buffers.share(reduction.dumps(payload), memo)
+        # (frames is a tuple, and deaths one until a death: a map's many tasks then add
+        # one object per task for the garbage collector to walk, not three)
+        if scalars is not None:       # the chunk, known to hold scalars only
+            self.frames = (scalars,)
+        elif type(payload) is list and len(payload) <= INLINE_MAX and all_scalars(payload):
+            # travels as itself inside the message's header: no pickle of its own here,
+            # no unpickling in the worker (and scalars cannot fail to pickle later)
+            self.frames = (tuple(payload),)
+        elif (mode == APPLY and not payload[1] and len(payload[0]) <= INLINE_MAX
+              and all_scalars(payload[0])):
+            self.frames = ((payload[0], {}),)   # an apply of a few scalars, likewise
+        else:
+            # large buffers that repeat become shared entries (see .shared); memo spans a call
+            self.frames = call._core.buffers.share(reduction.dumps(payload), memo)
         self.size = size
-        self.deaths: List[str] = []   # how the workers that died running it ended
+        self.deaths: Tuple[str, ...] = ()   # how the workers that died running it ended
         self.suspect = False          # its worker died: run it alone next time
         self.worker: Optional[int] = None
-        self.started = 0.0
 
     def describe(self, offset: Optional[int] = None) -> str:
         """What the task is, for errors: the call, and the input indices of its items
@@ -205,8 +243,21 @@ class Call(abc.ABC):
         self._set(task.index, ok, value)
         self._maybe_release()
 
-    def _task_added(self) -> None:
-        self._outstanding += 1
+    def _tasks_done(self, done: List[tuple]) -> None:
+        """Tasks of this call finished, ``(task, ok, value, seconds)`` each (I/O thread)."""
+        for task, ok, value, seconds in done:
+            try:
+                self._task_done(task, ok, value, seconds)
+            except Exception:  # user code runs in there (progress sinks)
+                logger.exception("finishing %s failed", task.describe())
+
+    def _run_done(self, tasks: List[Task], values: List[Any], seconds: float) -> None:
+        """Map tasks of one item each succeeded with ``values``, taking ``seconds`` each
+        on average (I/O thread)."""
+        self._tasks_done([(task, True, [value], seconds) for task, value in zip(tasks, values)])
+
+    def _tasks_added(self, count: int) -> None:
+        self._outstanding += count
 
     def _all_submitted(self) -> None:
         self._submitted_all = True
@@ -232,8 +283,7 @@ class Call(abc.ABC):
             try:
                 fn(value)
             except Exception:
-                import logging
-                logging.getLogger(__name__).exception("pool callback %r raised", fn)
+                logger.exception("pool callback %r raised", fn)
 
 
 class ApplyResult(Call):
@@ -302,8 +352,81 @@ class MapResult(ApplyResult):
         self._chunksize = chunksize
         self._items: List[Any] = [None] * n_items
         self._chunks_left = -(-n_items // chunksize) if n_items else 0
+        self._room: Optional[threading.Event] = None   # see _wait_for_room
+        self._low_water = -1
         if n_items == 0:
             self._finish(True, [])
+
+    def _wait_for_room(self, window: int) -> bool:
+        """Block the submitting caller while more than ``window`` tasks are outstanding,
+        until half of them finished; False once the call finished (failed, or aborted):
+        submit no more."""
+        if self._outstanding > window:
+            if self._room is None:
+                self._room = threading.Event()
+            self._low_water = window // 2      # (after _room: the I/O thread reads both)
+            while self._success is None:
+                self._room.clear()
+                if self._outstanding <= self._low_water:
+                    break
+                self._room.wait(_WAKE)   # a wake-up sooner: see _tasks_done
+        return self._success is None
+
+    def _tasks_done(self, done: List[tuple]) -> None:
+        """:meth:`Call._tasks_done` without a call per task while chunks succeed and no
+        progress is reported (a noop ``map`` spends much of its time here)."""
+        if self._progress is not None or self._success is not None:
+            super()._tasks_done(done)
+        else:
+            self._chunks_done(done)
+        self._make_room()
+
+    def _run_done(self, tasks: List[Task], values: List[Any], seconds: float) -> None:
+        """:meth:`Call._run_done`, filling in one item per task."""
+        if self._progress is not None or self._success is not None:
+            super()._run_done(tasks, values, seconds)   # through _tasks_done
+            return
+        items, size = self._items, self._chunksize
+        for task, value in zip(tasks, values):
+            items[task.index * size] = value
+        count, mean = len(tasks), self.mean_duration
+        weight = 0.8 ** count   # as many steps of the average _task_done keeps
+        self.mean_duration = seconds if mean is None else weight * mean + (1 - weight) * seconds
+        self._outstanding -= count
+        self._chunks_left -= count
+        if self._chunks_left == 0:
+            self._items = []
+            self._finish(True, items)
+        self._maybe_release()
+        self._make_room()
+
+    def _make_room(self) -> None:
+        if self._low_water >= 0 and not self._room.is_set() and (
+                self._outstanding <= self._low_water or self._success is not None):
+            self._room.set()   # the caller submitting this map may go on (_wait_for_room)
+
+    def _chunks_done(self, done: List[tuple]) -> None:
+        """Fill in succeeded chunks; the first failed one, and those after it, one by one."""
+        mean, items, size = self.mean_duration, self._items, self._chunksize
+        finished = 0
+        for task, ok, value, seconds in done:
+            if not ok:
+                break
+            if seconds >= 0:
+                mean = seconds if mean is None else 0.8 * mean + 0.2 * seconds
+            start = task.index * size
+            items[start:start + len(value)] = value
+            finished += 1
+        self.mean_duration = mean
+        self._outstanding -= finished
+        self._chunks_left -= finished
+        if finished < len(done):
+            super()._tasks_done(done[finished:])  # the failed chunk, and any after it
+            return
+        if self._chunks_left == 0:
+            self._items = []
+            self._finish(True, items)
+        self._maybe_release()
 
     def _set(self, index: int, ok: bool, value: Any) -> None:
         if self._event.is_set():
@@ -318,112 +441,6 @@ class MapResult(ApplyResult):
         if self._chunks_left == 0:
             items, self._items = self._items, []
             self._finish(True, items)
-
-
-class IMapIterator(Call):
-    """The iterator of ``imap`` (ordered) and ``imap_unordered``.
-
-    Chunks are flattened; a chunk whose task raised raises its exception once, at
-    its place, and iteration goes on after it. The input is read by a feeder thread
-    that keeps at most ``window`` chunks submitted and not yet consumed.
-    """
-
-    def __init__(self, pool_core: Any, func, ordered: bool, window: int, progress: Any = None,
-                 total_items: Optional[int] = None) -> None:
-        super().__init__(pool_core, func, None, None, progress, total_items)
-        self._ordered = ordered
-        self._window = window
-        self._cond = threading.Condition()
-        self._ready: "collections.deque" = collections.deque()  # (ok, value) chunks to yield
-        self._parked: dict = {}     # ordered: chunks that arrived ahead of their turn
-        self._next_index = 0        # ordered: the chunk to yield next
-        self._items: "collections.deque" = collections.deque()
-        self._length: Optional[int] = None  # number of chunks, once the input is exhausted
-        self._delivered = 0         # chunks handed to the consumer
-        self._completed = 0         # chunks finished by workers (or failed at the input)
-        self._aborted: Optional[BaseException] = None
-
-    def __iter__(self) -> "IMapIterator":
-        return self
-
-    def __next__(self) -> Any:
-        return self.next()
-
-    def next(self, timeout: Optional[float] = None) -> Any:
-        """The next item; raises the chunk's error at its place, TimeoutError after ``timeout``."""
-        if self._items:
-            return self._items.popleft()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while True:
-                if self._items:
-                    return self._items.popleft()
-                if self._ready:
-                    ok, value = self._ready.popleft()
-                    self._delivered += 1
-                    self._cond.notify_all()
-                    if not ok:
-                        raise value
-                    self._items.extend(value)
-                    continue
-                if self._aborted is not None:
-                    raise self._aborted
-                if self._length is not None and self._delivered >= self._length:
-                    raise StopIteration
-                wait = None if deadline is None else deadline - time.monotonic()
-                if wait is not None and wait <= 0:
-                    raise TimeoutError(f"no result within {timeout} s")
-                self._cond.wait(wait if wait is not None else 1.0)
-
-    __next__.__doc__ = "The next item (see :meth:`next`)."
-
-    # -- feeder side ---------------------------------------------------------------
-    def _wait_for_room(self, submitted: int, closing: Callable[[], bool],
-                       stopped: Callable[[], bool]) -> bool:
-        """Block the feeder until fewer than ``window`` chunks are in flight; False if stopped."""
-        with self._cond:
-            while not stopped():
-                done = self._completed if closing() else self._delivered
-                if submitted - done < self._window:
-                    return True
-                self._cond.wait(0.2)
-        return False
-
-    def _input_failed(self, index: int, exc: BaseException) -> None:
-        """The input iterable raised while chunk ``index`` was being built."""
-        with self._cond:
-            self._length = index + 1
-            self._add_chunk(index, False, exc)
-
-    def _input_done(self, n_chunks: int) -> None:
-        with self._cond:
-            self._length = n_chunks
-            self._cond.notify_all()
-
-    # -- I/O thread side -----------------------------------------------------------
-    def _set(self, index: int, ok: bool, value: Any) -> None:
-        with self._cond:
-            self._add_chunk(index, ok, value)
-
-    def _add_chunk(self, index: int, ok: bool, value: Any) -> None:
-        self._completed += 1
-        if not self._ordered:
-            self._ready.append((ok, value))
-        else:
-            self._parked[index] = (ok, value)
-            while self._next_index in self._parked:
-                self._ready.append(self._parked.pop(self._next_index))
-                self._next_index += 1
-        self._cond.notify_all()
-
-    def _abort(self, exc: BaseException) -> None:
-        with self._cond:
-            self._aborted = exc
-            self._cond.notify_all()
-
-
-#: the stdlib's name for the unordered iterator (one class serves both orders here)
-IMapUnorderedIterator = IMapIterator
 
 
 def chunks(iterable: Iterable[Any], size: int):

@@ -57,12 +57,18 @@ class PoolChannel:
         except EOFError as exc:
             raise ConnectionError(str(exc)) from None
 
-    def send(self, header: tuple, buffers: Sequence[Any] = ()) -> None:
-        """Queue one message; write what the socket takes now."""
+    def send(self, header: tuple, buffers: Sequence[Any] = ()) -> int:
+        """Queue one message; write what the socket takes now. Returns its size: the
+        pickled header's bytes and its buffers'."""
+        frames = _encode(header, buffers)
         try:
-            self.channel.send(_KIND, _encode(header, buffers))
+            self.channel.send(_KIND, frames)
         except EOFError as exc:
             raise ConnectionError(str(exc)) from None
+        size = len(frames[0])
+        for buffer in buffers:
+            size += memoryview(buffer).nbytes
+        return size
 
     def close(self) -> None:
         """Close the stream."""

@@ -17,12 +17,20 @@ Messages (headers; pickle streams are bytes inside the header, large buffers fol
 
     pool -> worker  ("tasks", [(func_id, stream, n_buffers)], [dropped func ids],
                      [(task_id, func_id, mode, stream, layout)], flush_each,
-                     [added cache keys], [dropped cache keys])
+                     [added cache keys], [dropped cache keys],
+                     [(func_id, [task_id], [item])])
                     ("stop",)
     worker -> pool  ("hello", worker_id, token, pid, host)
                     ("init_failed", worker_id, token, traceback_text)
-                    ("results", [(task_id, ok, stream, n_buffers, seconds)])
+                    ("results", [(task_id, ok, stream, n_buffers, seconds)],
+                     ([task_id], [value], seconds) or None)
                     ("bye",)
+
+A task's ``stream`` is a tuple of scalars, its chunk itself, for a map over plain
+scalars; a result's ``stream`` with ``n_buffers`` -1 is the result itself, a scalar or
+a list of scalars. The last field of each is a *run*, for the common ``map(f, numbers,
+chunksize=1)``: map tasks of one scalar item each, and their scalar results, in columns
+(one Python object per task, not four; ``seconds`` is the run's total).
 """
 from __future__ import annotations
 
@@ -38,7 +46,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import reduction
 from ..errors import TaskDeserializationError
-from .tasks import APPLY, ITEM_ATTRIBUTE, MAP
+from .tasks import APPLY, INLINE_MAX, ITEM_ATTRIBUTE, MAP, SCALAR_TYPES, all_scalars
 from .wire import WorkerConnection
 from .._runtime import interrupts
 from .._runtime.liveness import parent_watch
@@ -98,7 +106,8 @@ class _Globals:
 
 def _execute(func: Any, mode: int, frames: List[Any]) -> Tuple[bool, Any]:
     try:
-        args = reduction.loads(frames)
+        # a chunk of scalars, or an apply of scalars, came as itself in the header (tasks.Task)
+        args = frames[0] if type(frames[0]) is tuple else reduction.loads(frames)
     except BaseException as exc:  # noqa: BLE001 - reported to the caller
         return False, TaskDeserializationError(
             f"could not unpickle the task's arguments in the worker: {type(exc).__name__}: {exc}",
@@ -119,6 +128,14 @@ def _execute(func: Any, mode: int, frames: List[Any]) -> Tuple[bool, Any]:
         if mode != APPLY:
             exc.__dict__[ITEM_ATTRIBUTE] = len(results)  # the pool names the item's index
         return False, ExceptionWithTraceback(exc, exc.__traceback__)
+
+
+def _inline(mode: int, value: Any) -> bool:
+    """True for a result that can travel as itself in the header: scalars, or a map
+    chunk's short list of scalars (nothing there can fail to pickle or to unpickle)."""
+    if mode == APPLY:
+        return type(value) in SCALAR_TYPES
+    return type(value) is list and len(value) <= INLINE_MAX and all_scalars(value)
 
 
 def _encode_result(ok: bool, value: Any) -> Tuple[bool, List[Any]]:
@@ -142,16 +159,25 @@ class Worker:
         self.queue: "collections.deque" = collections.deque()
         self.results: List[tuple] = []
         self.buffers: List[Any] = []
+        self.run_ids: List[int] = []       # results of a run: scalars, in one column
+        self.run_values: List[Any] = []
+        self.run_seconds = 0.0
         self.flush_each = False
         self.done = 0
         self.last_flush = time.monotonic()
 
     def flush(self) -> None:
-        if self.results:
+        if self.results or self.run_ids:
             results, buffers = self.results, self.buffers
-            self.results, self.buffers = [], []
-            self.conn.send(("results", results), buffers)
+            run = (self.run_ids, self.run_values, self.run_seconds) if self.run_ids else None
+            self.results, self.buffers, self.run_ids, self.run_values = [], [], [], []
+            self.run_seconds = 0.0
+            self.conn.send(("results", results, run), buffers)
         self.last_flush = time.monotonic()
+
+    def _flush_due(self) -> bool:
+        return (self.flush_each or len(self.results) + len(self.run_ids) >= _FLUSH_COUNT
+                or time.monotonic() - self.last_flush >= _FLUSH_AFTER)
 
     def receive(self, header: tuple, buffers: List[memoryview]) -> bool:
         """Take one message from the pool; False when told to stop."""
@@ -161,7 +187,7 @@ class Worker:
         if kind != "tasks":
             logger.warning("unexpected message %r from the pool", kind)
             return True
-        _, funcs, dropped, tasks, self.flush_each, cache_adds, cache_drops = header
+        _, funcs, dropped, tasks, self.flush_each, cache_adds, cache_drops, runs = header
         position = 0
         for func_id, stream, count in funcs:
             frames = [stream, *_take(buffers, position, count)]
@@ -190,17 +216,55 @@ class Worker:
                 else:
                     frames.append(key)
             self.queue.append((task_id, func_id, mode, frames))
+        self.queue.extend(runs)   # (func_id, task ids, items): map tasks of one scalar each
         return True
 
     def _resolve(self, frames: List[Any]) -> List[Any]:
         """The task's frames with cached entries as private, writable copies."""
-        if all(type(frame) is not int for frame in frames[1:]):
+        if len(frames) == 1 or all(type(frame) is not int for frame in frames[1:]):
             return frames
         return [frames[0], *(memoryview(bytearray(self.cache[frame])) if type(frame) is int
                              else frame for frame in frames[1:])]
 
-    def run_one(self) -> None:
-        task_id, func_id, mode, frames = self.queue.popleft()
+    def run_map_run(self, func_id: int, task_ids: List[int], items: List[Any]) -> None:
+        """Run map tasks of one scalar item each: the common ``map(f, numbers)`` with
+        ``chunksize=1``, with a Python call per task only to ``func``."""
+        func = self.functions.get(func_id)
+        if func is None or isinstance(func, BaseException):
+            for task_id, item in zip(task_ids, items):
+                self.run_one((task_id, func_id, MAP, [(item,)]))   # it reports the error
+            return
+        clock, ids, values, scalar = time.perf_counter, self.run_ids, self.run_values, SCALAR_TYPES
+        for task_id, item in zip(task_ids, items):
+            started = clock()
+            try:
+                value = func(item)
+            except Exception as exc:
+                exc.__dict__[ITEM_ATTRIBUTE] = 0   # the pool names the item
+                self._add_result(task_id, False, ExceptionWithTraceback(exc, exc.__traceback__),
+                                 MAP, clock() - started)
+            else:
+                if type(value) in scalar:
+                    ids.append(task_id)
+                    values.append(value)
+                    self.run_seconds += clock() - started
+                else:
+                    self._add_result(task_id, True, [value], MAP, clock() - started)
+            self.done += 1
+            if self._flush_due():
+                self.flush()
+                ids, values = self.run_ids, self.run_values
+
+    def _add_result(self, task_id: int, ok: bool, value: Any, mode: int, seconds: float) -> None:
+        if ok and _inline(mode, value):
+            self.results.append((task_id, True, value, -1, seconds))  # -1: the value itself
+        else:
+            ok, out = _encode_result(ok, value)
+            self.results.append((task_id, ok, bytes(out[0]), len(out) - 1, seconds))
+            self.buffers.extend(out[1:])
+
+    def run_one(self, entry: tuple) -> None:
+        task_id, func_id, mode, frames = entry
         func = self.functions.get(func_id)
         started = time.perf_counter()
         if isinstance(func, BaseException) or func is None:
@@ -214,13 +278,9 @@ class Worker:
                     f"the pool sent no cached argument {exc}", "")
             else:
                 ok, value = _execute(func, mode, frames)
-        seconds = time.perf_counter() - started
-        ok, out = _encode_result(ok, value)
-        self.results.append((task_id, ok, bytes(out[0]), len(out) - 1, seconds))
-        self.buffers.extend(out[1:])
+        self._add_result(task_id, ok, value, mode, time.perf_counter() - started)
         self.done += 1
-        if (self.flush_each or len(self.results) >= _FLUSH_COUNT
-                or time.monotonic() - self.last_flush >= _FLUSH_AFTER):
+        if self._flush_due():
             self.flush()
 
     def serve(self) -> None:
@@ -237,7 +297,11 @@ class Worker:
                 if not self.receive(*message):
                     return
                 continue
-            self.run_one()
+            entry = self.queue.popleft()
+            if len(entry) == 3:
+                self.run_map_run(*entry)
+            else:
+                self.run_one(entry)
 
 
 def run_worker(address: tuple, worker_id: int, token: str, initializer: Optional[Callable[..., Any]],
