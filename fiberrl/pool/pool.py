@@ -217,7 +217,8 @@ class Pool:
         """``list(map(func, iterable))``, computed by the workers.
 
         Tasks are submitted a bounded window ahead of the results (see
-        :meth:`_map_async`); once a task raised, the rest of the input is not submitted.
+        :meth:`_map_async`); once a task raised, the rest of the input is submitted at
+        once and still runs, as with the stdlib.
         """
         return self._map_async(func, iterable, MAP, chunksize, None, None, progress,
                                self._map_window()).get()
@@ -402,7 +403,10 @@ class Pool:
                     submit(result, batch, False)
                     batch = []
                     if window is not None and not result._wait_for_room(window):
-                        break   # the call failed or the pool stopped: nothing more to run
+                        if core.state == TERMINATE:
+                            break   # the pool stopped: nothing more to run
+                        window = None   # the call failed: its other tasks still run, as
+                        #                 with the stdlib, which queues them all at once
         except BaseException as exc:
             for task in batch:
                 core.buffers.release(task.frames)
