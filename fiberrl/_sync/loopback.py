@@ -6,17 +6,63 @@ runs in the calling process.
 code calls for its bookkeeping requests (create, incref, decref...): for a server of
 this process it returns a :class:`_LoopbackConnection` that runs the request in the
 calling thread, else a :class:`~.connections.ServerConnection`.
+
+A server may also let the threads of its own process call some of its objects
+directly (:func:`direct_referent`): the coordination service does, for the objects
+of :mod:`.robust`, whose methods are thread-safe and tell their callers apart (a
+remote client by the thread serving it, see :data:`serving_thread`; a thread of this
+process by its own ident). A forked child serves nothing of its parent's, so it
+forgets the servers and any direct referent it found (:data:`fork_generation`).
 """
 from __future__ import annotations
 
+import os
 import threading
 import traceback
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from .connections import codec, open_connection
 
 servers_lock = threading.Lock()
 servers: Dict[Any, Any] = {}  # address -> server running in this process
+
+#: bumped in a forked child: what was found in the parent's servers is stale there
+fork_generation = 0
+
+
+class _ServingThread(threading.local):
+    conn: Any = None   # the client connection a server thread serves (None elsewhere)
+
+
+#: ``serving_thread.conn``: the client connection the calling server thread serves
+serving_thread = _ServingThread()
+
+
+def _forget_servers_in_child() -> None:
+    global fork_generation
+    fork_generation += 1
+    servers.clear()
+
+
+os.register_at_fork(after_in_child=_forget_servers_in_child)
+
+
+def direct_referent(token: Any) -> Optional[Tuple[int, Any, frozenset]]:
+    """``(fork_generation, object, exposed methods)`` when ``token``'s object lives in
+    a server of this process that lets this process's threads call it directly
+    (``server.direct_calls`` and the object's ``direct_calls``, and no method of it
+    returns a proxy), else None."""
+    with servers_lock:
+        server = servers.get(token.address)
+    if server is None or not getattr(server, "direct_calls", False):
+        return None
+    entry = server.id_to_obj.get(token.id)
+    if entry is None:
+        return None
+    obj, exposed, method_to_typeid = entry
+    if method_to_typeid or not getattr(obj, "direct_calls", False):
+        return None
+    return fork_generation, obj, frozenset(exposed)
 
 
 class _LoopbackConnection:

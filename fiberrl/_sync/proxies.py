@@ -3,7 +3,9 @@
 Each proxy class is the stdlib's with :class:`_FiberrlProxy` mixed in: a thread's
 first call opens its own :class:`~.connections.ServerConnection` (served by a thread
 of its own in the server), every call is one request and one reply on it, and the
-bookkeeping goes through :class:`~.loopback.ClientFactory`. The classes are public in
+bookkeeping goes through :class:`~.loopback.ClientFactory`. In the process that
+serves it, a referent whose server allows it is called in the caller's thread, with
+no connection (:func:`.loopback.direct_referent`). The classes are public in
 :mod:`fiberrl.managers`, where pickled proxies find them.
 """
 from __future__ import annotations
@@ -13,8 +15,9 @@ from multiprocessing import managers as mp_managers
 from multiprocessing import process as mp_process
 from typing import Any, Dict, Optional
 
+from . import loopback
 from .connections import open_connection
-from .loopback import ClientFactory
+from .loopback import ClientFactory, direct_referent, serving_thread
 
 #: where the proxy classes are public (and importable, for pickling by reference)
 _PUBLIC = "fiberrl.managers"
@@ -46,9 +49,23 @@ class _FiberrlProxy:
         conn.mark_serving()
         self._tls.connection = conn
 
+    #: ``(fork generation, referent, exposed)`` when this process's threads call the
+    #: referent directly (:func:`.loopback.direct_referent`), False when they do not,
+    #: None until looked up
+    _direct: Any = None
+
     def _callmethod(self, methodname: str, args: tuple = (), kwds: Any = None) -> Any:
         """Call ``methodname`` on the referent; a copy of its result (the stdlib's, with
-        the request and its reply one step on this thread's connection)."""
+        the request and its reply one step on this thread's connection).
+
+        A referent its server lets this process call directly is called in the calling
+        thread (a server thread of this process still goes through a connection, so
+        that the object tells its own client from this process's threads)."""
+        direct = self._direct
+        if direct is None or (direct and direct[0] != loopback.fork_generation):
+            direct = self._direct = direct_referent(self._token) or False
+        if direct and methodname in direct[2] and serving_thread.conn is None:
+            return getattr(direct[1], methodname)(*args, **({} if kwds is None else kwds))
         try:
             conn = self._tls.connection
         except AttributeError:

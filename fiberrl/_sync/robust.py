@@ -2,9 +2,11 @@
 
 These are the objects behind ``fiberrl.Lock()``, ``fiberrl.Event()``... (served by the
 coordination service of the process that created them) and behind
-``Manager().Lock()``... (served by the manager's job). Each method runs in the
-server thread of the calling client connection, so the thread's identity is the
-caller's identity (one connection per client process and thread).
+``Manager().Lock()``... (served by the manager's job). A remote client's call runs in
+the server thread of its connection, so that thread's identity is the caller's
+(one connection per client process and thread); a thread of the serving process
+calls the coordination service's objects directly, and is known by its own ident
+(negated: see :func:`_caller`).
 
 What happens when a client process dies (its connection ends, or keepalive probes
 go unanswered when its host is lost):
@@ -53,7 +55,11 @@ managers.on_client_departure(_client_departed)
 
 
 def _caller() -> int:
-    return threading.get_ident()
+    """Who calls: a remote client (the ident of the server thread serving it), or a
+    thread of this process calling the object directly (its ident negated, so it is
+    never taken for a serving thread's, whose client's departure releases its holds)."""
+    ident = threading.get_ident()
+    return ident if managers.serving_connection() is not None else -ident
 
 
 def _deadline(block: bool, timeout: Optional[float]) -> Optional[float]:
@@ -67,6 +73,10 @@ def _deadline(block: bool, timeout: Optional[float]) -> Optional[float]:
 
 class _Robust:
     """Shared machinery: one internal condition, waits that notice a departed caller."""
+
+    #: thread-safe, results are immutable: the threads of the serving process may call
+    #: these objects directly (see :func:`fiberrl._sync.loopback.direct_referent`)
+    direct_calls = True
 
     def __init__(self) -> None:
         self._state = threading.Condition(threading.Lock())
@@ -332,7 +342,7 @@ class Condition(_Acquirable):
                     notified = self._wait_until(lambda: waiter[0], deadline)
                     if notified and managers.caller_hung_up():
                         raise ClientGone("the client of this call disconnected")
-                except ClientGone:
+                except BaseException:   # its client left, or a direct caller was interrupted
                     self._forget(waiter)
                     raise
                 if not notified:

@@ -29,7 +29,8 @@ from .._wire.sockets import default_listen_host
 from .._wire.stream import Stream
 from ..errors import ProcessError
 from .connections import LABEL, ManagedConnection, codec
-from .loopback import ClientFactory, servers as _servers, servers_lock as _servers_lock
+from .loopback import ClientFactory, serving_thread as _serving
+from .loopback import servers as _servers, servers_lock as _servers_lock
 # the proxies, gathered here for fiberrl.managers and the modules of this package
 from .proxies import (AcquirerProxy, ArrayProxy, AutoProxy, BarrierProxy, BaseListProxy,
                       BasePoolProxy, BaseProxy, ConditionProxy, DictProxy, EventProxy,
@@ -58,13 +59,12 @@ HAS_SHMEM = mp_managers.HAS_SHMEM
 
 # -- the server ----------------------------------------------------------------------------
 
-_serving = threading.local()
 _departure_listeners: "list[Callable[[int], None]]" = []
 
 
 def serving_connection() -> Optional[ManagedConnection]:
     """The client connection the calling server thread serves (None elsewhere)."""
-    return getattr(_serving, "conn", None)
+    return _serving.conn
 
 
 def caller_hung_up() -> bool:
@@ -142,6 +142,10 @@ class Server(mp_managers.Server):
     departure listeners hear of it, which is how locks held by a dead process get
     released.
     """
+
+    #: whether this process's threads may call objects that allow it (their
+    #: ``direct_calls``) without a connection (see :func:`.loopback.direct_referent`)
+    direct_calls = False
 
     def __init__(self, registry: dict, address: Any, authkey: bytes, serializer: str) -> None:
         codec(serializer)
