@@ -391,3 +391,29 @@ def test_an_interrupted_condition_wait_in_the_owner_leaves_no_waiter_behind():
         cond.notify()
     thread.join(15)
     assert woken == [True]
+
+
+def _take_briefly(lock, got):
+    with lock:
+        got.set()
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("kind", ["Lock", "RLock"])
+def test_a_lock_the_owner_releases_goes_to_the_waiting_process_first(kind):
+    """The owner's direct calls take microseconds: released while a child waits and
+    taken again at once, the lock must still reach the child first (handed over)."""
+    lock, got = getattr(fiberrl, kind)(), fiberrl.Event()
+    assert lock.acquire()
+    proc = fiberrl.Process(target=_take_briefly, args=(lock, got))
+    proc.start()
+    deadline = time.monotonic() + 60
+    while local_referent(lock)._waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert local_referent(lock)._waiting == 1, "the child never waited"
+    lock.release()
+    assert lock.acquire(timeout=30)
+    assert got.is_set(), "the owner took the lock back before the waiting child"
+    lock.release()
+    proc.join(30)
+    assert proc.exitcode == 0

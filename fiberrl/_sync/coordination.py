@@ -19,7 +19,7 @@ import threading
 from multiprocessing import process as mp_process
 from typing import Any, Dict, Optional, Tuple
 
-from . import cells, robust, semlock
+from . import cells, robust, robust_flags, semlock
 from . import serving as managers
 
 _LOCK_EXPOSED = semlock.LockProxy._exposed_
@@ -43,8 +43,8 @@ REGISTRY: Dict[str, Tuple[Any, Any, Any, type]] = {
                          semlock.SemaphoreProxy),
     "Condition": (robust.Condition, managers.ConditionProxy._exposed_, None,
                   managers.ConditionProxy),
-    "Event": (robust.Event, EventProxy._exposed_, None, EventProxy),
-    "Barrier": (robust.Barrier, managers.BarrierProxy._exposed_, None, managers.BarrierProxy),
+    "Event": (robust_flags.Event, EventProxy._exposed_, None, EventProxy),
+    "Barrier": (robust_flags.Barrier, managers.BarrierProxy._exposed_, None, managers.BarrierProxy),
     "ValueCell": (cells.ValueCell, cells.ValueCellProxy._exposed_, None,
                   cells.ValueCellProxy),
     "ArrayCell": (cells.ArrayCell, cells.ArrayCellProxy._exposed_, None,
