@@ -110,7 +110,8 @@ class ClientFactory:
     """``Client(address, authkey=...)`` for one serializer, as the stdlib's managers call it.
 
     A server running in this process is reached without a socket (see
-    :class:`_LoopbackConnection`); proxies' own method calls always use a socket.
+    :class:`_LoopbackConnection`); proxies' own method calls use a socket unless their
+    referent may be called directly (:func:`direct_referent`).
     """
 
     _instances: Dict[str, "ClientFactory"] = {}
