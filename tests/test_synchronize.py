@@ -399,7 +399,7 @@ def _take_briefly(lock, got):
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("kind", ["Lock", "RLock"])
+@pytest.mark.parametrize("kind", ["Lock", "RLock", "Semaphore", "BoundedSemaphore"])
 def test_a_lock_the_owner_releases_goes_to_the_waiting_process_first(kind):
     """The owner's direct calls take microseconds: released while a child waits and
     taken again at once, the lock must still reach the child first (handed over)."""

@@ -311,7 +311,12 @@ class RLock(_HandingOver):
 
 
 class Semaphore(_Acquirable):
-    """A counting semaphore; permits a departed client still held are given back."""
+    """A counting semaphore; permits a departed client still held are given back.
+
+    Permits given back while clients wait are kept for them (``_reserved``, at most
+    one per waiter), as a released lock is handed over: a client that comes later
+    takes only the permits nobody waits for.
+    """
 
     def __init__(self, value: int = 1) -> None:
         if value < 0:
@@ -319,15 +324,40 @@ class Semaphore(_Acquirable):
         super().__init__()
         self._value = value
         self._held: Dict[int, int] = collections.Counter()
+        self._waiting = 0
+        self._reserved = 0
+        self._reservations = 0   # releases that kept permits: a waiter takes them if it came before
 
     def acquire(self, block: bool = True, timeout: Optional[float] = None) -> bool:
         """Take one permit; ``block=False`` tries once, ``timeout`` bounds the wait."""
         with self._state:
-            if not self._wait_until(lambda: self._value > 0, _deadline(block, timeout)):
-                return False
+            if self._value <= self._reserved:
+                came, got = self._reservations, False
+                self._waiting += 1
+                try:
+                    got = self._wait_until(lambda: self._value > self._reserved or (
+                        self._reserved > 0 and self._reservations != came),
+                        _deadline(block, timeout))
+                finally:
+                    self._waiting -= 1
+                    if got and self._value <= self._reserved:
+                        self._reserved -= 1          # one of the permits kept for waiters
+                    self._reserved = min(self._reserved, self._waiting, self._value - int(got))
+                    if not got and self._value > self._reserved:
+                        self._state.notify()   # pass on a wake-up this waiter may have had
+                if not got:
+                    return False
             self._value -= 1
             self._held[_caller()] += 1
             return True
+
+    def _give_back(self, n: int) -> None:
+        """``n`` permits are free again: keep them for waiters first (holding ``_state``)."""
+        self._value += n
+        if self._waiting:
+            self._reserved = min(self._waiting, self._reserved + n)
+            self._reservations += 1
+        self._state.notify(n)
 
     def release(self, n: int = 1) -> None:
         """Give back ``n`` permits."""
@@ -335,12 +365,11 @@ class Semaphore(_Acquirable):
             raise ValueError("n must be one or more")
         with self._state:
             self._check_release(n)
-            self._value += n
             me = _caller()
             self._held[me] = max(0, self._held[me] - n)
             if not self._held[me]:
                 del self._held[me]
-            self._state.notify(n)
+            self._give_back(n)
 
     def _check_release(self, n: int) -> None:
         """Refuse a release (BoundedSemaphore); the plain semaphore accepts any."""
@@ -364,8 +393,7 @@ class Semaphore(_Acquirable):
             if held:
                 logger.warning("a process holding %d semaphore permit(s) disconnected; "
                                "giving them back", held)
-                self._value += held
-                self._state.notify(held)
+                self._give_back(held)
 
     def __repr__(self) -> str:
         return f"<fiberrl.robust.{type(self).__name__} value={self._value}>"
