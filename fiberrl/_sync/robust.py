@@ -354,10 +354,10 @@ class Semaphore(_Acquirable):
     def _give_back(self, n: int) -> None:
         """``n`` permits are free again: keep them for waiters first (holding ``_state``)."""
         self._value += n
-        if self._waiting:
+        if self._waiting:   # (only acquire waits on ``_state``)
             self._reserved = min(self._waiting, self._reserved + n)
             self._reservations += 1
-        self._state.notify(n)
+            self._state.notify(n)
 
     def release(self, n: int = 1) -> None:
         """Give back ``n`` permits."""
