@@ -10,8 +10,9 @@ Libraries (the table's columns):
 - ``std-mgr``: objects of a stdlib manager, ``multiprocessing.get_context("spawn")
   .Manager()`` (or a stdlib ``BaseManager`` subclass for the envs): one request/reply
   on a Unix socket per operation, the fair comparison;
-- ``fiberrl``: ``fiberrl.Manager()`` objects, ``fiberrl.Lock()``/``Event()`` (served by
-  the coordination thread of this process), fiberrl managers for the envs: one
+- ``fiberrl``: ``fiberrl.Manager()`` objects, ``fiberrl.Lock()``/``Event()`` (kept by
+  the coordination service of this process, which calls them directly; a child
+  reaches them through the service's socket), fiberrl managers for the envs: one
   request/reply per operation, on an abstract Unix socket between processes of one
   host (TCP between hosts).
 
@@ -507,8 +508,8 @@ def main() -> None:
                      "rounds of each (10 untimed ops before each round)",
              "lock_event": f"{ops} ops per row and library, in {rounds} alternating rounds; "
                            "fiberrl.Lock()/Event() live in this process's coordination "
-                           "thread, which the child reaches through its same-host socket "
-                           "(TCP across hosts)",
+                           "service: called directly here, reached by the child through "
+                           "its same-host socket (TCP across hosts)",
              "envs": f"{N_ENVS} envs x {steps} steps (actions 0,1,0,1...) per variant, in "
                      f"{2 if args.quick else 10} alternating rounds, after {warmup} untimed "
                      "steps; fiberrl async = AsyncManager + gather"}

@@ -24,6 +24,7 @@ from multiprocessing import managers as _mp_managers
 from typing import Any
 
 from ._sync import robust as _robust
+from ._sync import robust_flags as _robust_flags
 from ._sync.connections import open_connection
 from ._sync.serving import (AcquirerProxy, Array, ArrayProxy, AutoProxy, BarrierProxy,
                             BaseListProxy, BaseManager, BasePoolProxy, BaseProxy,
@@ -45,7 +46,7 @@ def _pool_factory(*args: Any, **kwargs: Any):
 def _robust_types() -> dict:
     return {"Lock": _robust.Lock, "RLock": _robust.RLock, "Semaphore": _robust.Semaphore,
             "BoundedSemaphore": _robust.BoundedSemaphore, "Condition": _robust.Condition,
-            "Event": _robust.Event, "Barrier": _robust.Barrier}
+            "Event": _robust_flags.Event, "Barrier": _robust_flags.Barrier}
 
 
 class SyncManager(BaseManager):

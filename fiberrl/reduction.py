@@ -200,10 +200,12 @@ def dumps_inband(obj: Any) -> bytes:
     functions and classes the receiving job could not import by name.
     """
     try:
-        data = pickle.dumps(obj, protocol=5)
+        data = pickle.dumps(obj, 5)
     except (pickle.PicklingError, AttributeError, TypeError):
         return _cloudpickle(obj)
-    if b"__main__" in data or b"__mp_main__" in data:
+    # one scan finds "__main__" and "__mp_main__" (``find``: ``in`` on bytes first tries
+    # the needle as an int and formats a TypeError, which costs more than the pickling)
+    if data.find(b"main__") != -1:
         return _cloudpickle(obj)
     return data
 

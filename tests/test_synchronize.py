@@ -287,3 +287,157 @@ def test_a_finalizer_run_on_the_io_loop_can_use_a_sync_object_of_its_process():
     while not outcome and time.monotonic() - started < 40:
         time.sleep(0.05)
     assert outcome == ["set"] and time.monotonic() - started < 5
+
+
+def test_the_owning_process_calls_its_objects_without_a_connection():
+    """Lock/Event/... calls from the process whose coordination service holds them run
+    in the calling thread: no connection (and no serving thread) is set up for them."""
+    lock, event, rlock, sem = fiberrl.Lock(), fiberrl.Event(), fiberrl.RLock(), fiberrl.Semaphore(2)
+    seen = {}
+
+    def use_them():
+        with lock:
+            seen["held"] = not lock.acquire(False)
+        event.set()
+        seen["set"] = event.is_set() and event.wait(1)
+        with rlock, rlock:
+            pass
+        seen["sem"] = sem.acquire() and sem.acquire() and not sem.acquire(timeout=0.01)
+        sem.release()
+        sem.release()
+        seen["connected"] = hasattr(lock._tls, "connection")
+
+    thread = threading.Thread(target=use_them)
+    thread.start()
+    thread.join(30)
+    assert seen == {"held": True, "set": True, "sem": True, "connected": False}
+
+
+def _hold_rlock_until(rlock, taken, done):
+    rlock.acquire()
+    taken.set()
+    assert done.wait(60)
+    rlock.release()
+
+
+def test_a_lock_held_directly_by_the_owner_excludes_other_processes_and_back():
+    rlock, taken, done = fiberrl.RLock(), fiberrl.Event(), fiberrl.Event()
+    assert rlock.acquire()
+    proc = fiberrl.Process(target=_hold_rlock_until, args=(rlock, taken, done))
+    proc.start()
+    assert not taken.wait(0.5)          # the child waits for the owner's hold
+    rlock.release()
+    assert taken.wait(60)
+    assert not rlock.acquire(timeout=0.1)   # now the child holds it
+    done.set()
+    assert rlock.acquire(timeout=30)
+    rlock.release()
+    proc.join(30)
+    assert proc.exitcode == 0
+
+
+def _read_within(fd, seconds):
+    import select
+    readable, _, _ = select.select([fd], [], [], seconds)
+    return os.read(fd, 1) if readable else b""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_uses_the_parents_lock_not_its_own_copy():
+    """A forked child holds copies of its parent's objects that nobody serves: its
+    calls must reach the parent's service (a direct call would use the copy)."""
+    lock = fiberrl.Lock()
+    assert lock.acquire() and lock.release() is None   # the parent has called it directly
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: take the parent's lock, say so, hold it until told
+        try:
+            os.close(ready_r)
+            os.close(go_w)
+            ok = lock.acquire(timeout=20)
+            os.write(ready_w, b"1" if ok else b"0")
+            _read_within(go_r, 30)
+            lock.release()
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    os.close(go_r)
+    try:
+        assert _read_within(ready_r, 30) == b"1"
+        assert not lock.acquire(timeout=0.2), "the child took a copy of the lock"
+        os.write(go_w, b"g")
+        assert lock.acquire(timeout=20)
+        lock.release()
+    finally:
+        os.close(go_w)
+        os.close(ready_r)
+        deadline = time.monotonic() + 30
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.05)
+
+
+def test_an_interrupted_condition_wait_in_the_owner_leaves_no_waiter_behind():
+    """A direct ``wait`` interrupted by a signal handler's exception forgets its
+    waiter, so a later ``notify`` reaches a real waiter instead of the abandoned one."""
+    import signal
+    cond = fiberrl.Condition()
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with cond:
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
+            with pytest.raises(KeyboardInterrupt):
+                cond.wait(5)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert len(local_referent(cond)._waiters) == 0
+    woken = []
+
+    def waiter():
+        with cond:
+            woken.append(cond.wait(10))
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not local_referent(cond)._waiters and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with cond:
+        cond.notify()
+    thread.join(15)
+    assert woken == [True]
+
+
+def _take_briefly(lock, got):
+    with lock:
+        got.set()
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("kind", ["Lock", "RLock", "Semaphore", "BoundedSemaphore"])
+def test_a_lock_the_owner_releases_goes_to_the_waiting_process_first(kind):
+    """The owner's direct calls take microseconds: released while a child waits and
+    taken again at once, the lock must still reach the child first (handed over)."""
+    lock, got = getattr(fiberrl, kind)(), fiberrl.Event()
+    assert lock.acquire()
+    proc = fiberrl.Process(target=_take_briefly, args=(lock, got))
+    proc.start()
+    deadline = time.monotonic() + 60
+    while local_referent(lock)._waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert local_referent(lock)._waiting == 1, "the child never waited"
+    lock.release()
+    assert lock.acquire(timeout=30)
+    assert got.is_set(), "the owner took the lock back before the waiting child"
+    lock.release()
+    proc.join(30)
+    assert proc.exitcode == 0

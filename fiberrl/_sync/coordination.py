@@ -7,8 +7,11 @@ returned to the user are proxies, which pickle to any process of the run and rea
 the service over fiberrl's wire (through the process's one listener). An object lives as long as some process holds a proxy to it,
 and at most as long as the process that created it.
 
-Latency is one request/reply on a TCP connection per operation (see the README's
-figures); what happens when a process using them dies is in :mod:`.robust`.
+From other processes an operation is one request/reply on a connection (see the
+README's figures); the threads of the process that created the service call the
+objects of :mod:`.robust` directly, without a socket (they are thread-safe and tell
+a thread of this process from a remote client). What happens when a process using
+them dies is in :mod:`.robust`.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import threading
 from multiprocessing import process as mp_process
 from typing import Any, Dict, Optional, Tuple
 
-from . import cells, robust, semlock
+from . import cells, robust, robust_flags, semlock
 from . import serving as managers
 
 _LOCK_EXPOSED = semlock.LockProxy._exposed_
@@ -40,8 +43,9 @@ REGISTRY: Dict[str, Tuple[Any, Any, Any, type]] = {
                          semlock.SemaphoreProxy),
     "Condition": (robust.Condition, semlock.ConditionProxy._exposed_, None,
                   semlock.ConditionProxy),
-    "Event": (robust.Event, EventProxy._exposed_, None, EventProxy),
-    "Barrier": (robust.Barrier, managers.BarrierProxy._exposed_, None, managers.BarrierProxy),
+    "Event": (robust_flags.Event, EventProxy._exposed_, None, EventProxy),
+    "Barrier": (robust_flags.Barrier, managers.BarrierProxy._exposed_, None,
+                managers.BarrierProxy),
     "ValueCell": (cells.ValueCell, cells.ValueCellProxy._exposed_, None,
                   cells.ValueCellProxy),
     "ArrayCell": (cells.ArrayCell, cells.ArrayCellProxy._exposed_, None,
@@ -55,6 +59,7 @@ class CoordinationService:
     def __init__(self) -> None:
         self.server = managers.Server(REGISTRY, None, mp_process.current_process().authkey,
                                       "pickle")
+        self.server.direct_calls = True   # this process's threads call its robust objects
         self.server.start_in_thread()
 
     @property

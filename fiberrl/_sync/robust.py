@@ -2,9 +2,11 @@
 
 These are the objects behind ``fiberrl.Lock()``, ``fiberrl.Event()``... (served by the
 coordination service of the process that created them) and behind
-``Manager().Lock()``... (served by the manager's job). Each method runs in the
-server thread of the calling client connection, so the thread's identity is the
-caller's identity (one connection per client process and thread).
+``Manager().Lock()``... (served by the manager's job). A remote client's call runs in
+the server thread of its connection, so that thread's identity is the caller's
+(one connection per client process and thread); a thread of the serving process
+calls the coordination service's objects directly, and is known by its own ident
+(negated: see :func:`_caller`).
 
 What happens when a client process dies (its connection ends, or keepalive probes
 go unanswered when its host is lost):
@@ -19,7 +21,8 @@ go unanswered when its host is lost):
 - ``Event``: nothing to undo.
 
 A blocked call checks every :data:`WAIT_SLICE` seconds whether its own client hung
-up, and then gives up, so a dead waiter holds nothing.
+up, and then gives up, so a dead waiter holds nothing. ``Event`` and ``Barrier`` are
+in :mod:`.robust_flags`, on the machinery here.
 """
 from __future__ import annotations
 
@@ -38,7 +41,17 @@ logger = logging.getLogger(__name__)
 #: seconds between checks, while a call blocks, that its client is still connected
 WAIT_SLICE = 0.2
 
-_live: "weakref.WeakSet[_Robust]" = weakref.WeakSet()
+
+class _HandOff:
+    """The holder of a lock released while clients waited, until one of them takes it."""
+
+    def __repr__(self) -> str:
+        return "HANDOFF"
+
+
+HANDOFF = _HandOff()
+
+_live: "weakref.WeakSet[Robust]" = weakref.WeakSet()
 _live_lock = threading.Lock()
 
 
@@ -53,7 +66,11 @@ managers.on_client_departure(_client_departed)
 
 
 def _caller() -> int:
-    return threading.get_ident()
+    """Who calls: a remote client (the ident of the server thread serving it), or a
+    thread of this process calling the object directly (its ident negated, so it is
+    never taken for a serving thread's, whose client's departure releases its holds)."""
+    ident = threading.get_ident()
+    return ident if managers.serving_connection() is not None else -ident
 
 
 def _deadline(block: bool, timeout: Optional[float]) -> Optional[float]:
@@ -65,8 +82,12 @@ def _deadline(block: bool, timeout: Optional[float]) -> Optional[float]:
     return time.monotonic() + timeout
 
 
-class _Robust:
+class Robust:
     """Shared machinery: one internal condition, waits that notice a departed caller."""
+
+    #: thread-safe, results are immutable: the threads of the serving process may call
+    #: these objects directly (see :func:`fiberrl._sync.loopback.direct_referent`)
+    direct_calls = True
 
     def __init__(self) -> None:
         self._state = threading.Condition(threading.Lock())
@@ -91,7 +112,8 @@ class _Robust:
         """Undo what the departed client ``ident`` held (nothing by default)."""
 
 
-class _Acquirable(_Robust):
+
+class _Acquirable(Robust):
     """``with obj:`` acquires and releases (locks, semaphores, conditions)."""
 
     def __enter__(self) -> bool:
@@ -101,18 +123,64 @@ class _Acquirable(_Robust):
         self.release()
 
 
-class Lock(_Acquirable):
-    """A non-recursive lock; any client may release it, as with ``multiprocessing.Lock``."""
+class _HandingOver(_Acquirable):
+    """A lock released while clients wait goes to one of them (:data:`HANDOFF`)."""
+
+    _waiting = 0    # clients waiting in acquire
+    _handoffs = 0   # hand-offs so far: a waiter takes only one made after it came
+
+    def _await_handoff(self, deadline: Optional[float]) -> bool:
+        """Wait (holding ``_state``, counted in ``_waiting``) until the lock is free or
+        handed over since this waiter came. A hand-off this waiter cannot take (its
+        client left, or a direct caller was interrupted) goes to the next waiter, or
+        frees the lock."""
+        came = self._handoffs
+        self._waiting += 1
+        try:
+            return self._wait_until(
+                lambda: self._free() or (self._handed_off() and self._handoffs != came),
+                deadline)
+        except BaseException:
+            if self._handed_off():
+                self._waiting -= 1
+                self._unlock()
+                self._waiting += 1
+            raise
+        finally:
+            self._waiting -= 1
+
+    def _free(self) -> bool:
+        raise NotImplementedError
+
+    def _handed_off(self) -> bool:
+        raise NotImplementedError
+
+    def _unlock(self) -> None:
+        """Free the lock, or hand it to a waiter if there is one (holding ``_state``)."""
+        raise NotImplementedError
+
+
+class Lock(_HandingOver):
+    """A non-recursive lock; any client may release it, as with ``multiprocessing.Lock``.
+
+    Released while clients wait, it is handed to one of them (:data:`HANDOFF`), so a
+    thread of the serving process, whose calls take microseconds, cannot take it
+    back again and again before a remote waiter, whose calls take a round trip, runs.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self._locked = False
-        self._holder: Optional[int] = None
+        self._holder: Any = None   # a caller, HANDOFF, or None
+        self._waiting = 0
 
     def acquire(self, block: bool = True, timeout: Optional[float] = None) -> bool:
         """Acquire; ``block=False`` tries once, ``timeout`` bounds the wait."""
         with self._state:
-            if not self._wait_until(lambda: not self._locked, _deadline(block, timeout)):
+            if not self._locked:
+                self._locked, self._holder = True, _caller()
+                return True
+            if not self._await_handoff(_deadline(block, timeout)):
                 return False
             self._locked, self._holder = True, _caller()
             return True
@@ -120,10 +188,22 @@ class Lock(_Acquirable):
     def release(self) -> None:
         """Release (from any client); ``ValueError`` if it is not locked."""
         with self._state:
-            if not self._locked:
+            if not self._locked or self._holder is HANDOFF:
                 raise UnlockedReleaseError("semaphore or lock released too many times")
-            self._locked, self._holder = False, None
+            self._unlock()
+
+    def _free(self) -> bool:
+        return not self._locked
+
+    def _handed_off(self) -> bool:
+        return self._locked and self._holder is HANDOFF
+
+    def _unlock(self) -> None:
+        if self._waiting:
+            self._holder, self._handoffs = HANDOFF, self._handoffs + 1
             self._state.notify()
+        else:
+            self._locked, self._holder = False, None
 
     def locked(self) -> bool:
         """Whether the lock is held."""
@@ -148,20 +228,20 @@ class Lock(_Acquirable):
         with self._state:
             if self._locked and self._holder == ident:
                 logger.warning("a process holding a lock disconnected; releasing the lock")
-                self._locked, self._holder = False, None
-                self._state.notify()
+                self._unlock()
 
     def __repr__(self) -> str:
         return f"<fiberrl.robust.Lock {'locked' if self._locked else 'unlocked'}>"
 
 
-class RLock(_Acquirable):
+class RLock(_HandingOver):
     """A recursive lock owned by the client (process and thread) that acquired it."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._owner: Optional[int] = None
+        self._owner: Any = None   # a caller, HANDOFF, or None
         self._count = 0
+        self._waiting = 0
 
     def acquire(self, block: bool = True, timeout: Optional[float] = None) -> bool:
         """Acquire (again, if the caller owns it already)."""
@@ -170,7 +250,7 @@ class RLock(_Acquirable):
             if self._owner == me:
                 self._count += 1
                 return True
-            if not self._wait_until(lambda: self._owner is None, _deadline(block, timeout)):
+            if self._owner is not None and not self._await_handoff(_deadline(block, timeout)):
                 return False
             self._owner, self._count = me, 1
             return True
@@ -182,8 +262,21 @@ class RLock(_Acquirable):
                 raise AssertionError("attempt to release recursive lock not owned by thread")
             self._count -= 1
             if self._count == 0:
-                self._owner = None
-                self._state.notify()
+                self._unlock()
+
+    def _free(self) -> bool:
+        return self._owner is None
+
+    def _handed_off(self) -> bool:
+        return self._owner is HANDOFF
+
+    def _unlock(self) -> None:
+        self._count = 0
+        if self._waiting:
+            self._owner, self._handoffs = HANDOFF, self._handoffs + 1
+            self._state.notify()
+        else:
+            self._owner = None
 
     def _is_owned(self) -> bool:
         return self._owner == _caller()
@@ -198,8 +291,8 @@ class RLock(_Acquirable):
         with self._state:
             if self._owner != _caller():
                 raise RuntimeError("cannot release un-acquired lock")
-            count, self._owner, self._count = self._count, None, 0
-            self._state.notify()
+            count = self._count
+            self._unlock()
             return count
 
     def _acquire_restore(self, count: int) -> None:
@@ -211,15 +304,19 @@ class RLock(_Acquirable):
         with self._state:
             if self._owner == ident:
                 logger.warning("a process holding an RLock disconnected; releasing the lock")
-                self._owner, self._count = None, 0
-                self._state.notify()
+                self._unlock()
 
     def __repr__(self) -> str:
         return f"<fiberrl.robust.RLock owner={self._owner} count={self._count}>"
 
 
 class Semaphore(_Acquirable):
-    """A counting semaphore; permits a departed client still held are given back."""
+    """A counting semaphore; permits a departed client still held are given back.
+
+    Permits given back while clients wait are kept for them (``_reserved``, at most
+    one per waiter), as a released lock is handed over: a client that comes later
+    takes only the permits nobody waits for.
+    """
 
     def __init__(self, value: int = 1) -> None:
         if value < 0:
@@ -227,15 +324,40 @@ class Semaphore(_Acquirable):
         super().__init__()
         self._value = value
         self._held: Dict[int, int] = collections.Counter()
+        self._waiting = 0
+        self._reserved = 0
+        self._reservations = 0   # releases that kept permits: a waiter takes them if it came before
 
     def acquire(self, block: bool = True, timeout: Optional[float] = None) -> bool:
         """Take one permit; ``block=False`` tries once, ``timeout`` bounds the wait."""
         with self._state:
-            if not self._wait_until(lambda: self._value > 0, _deadline(block, timeout)):
-                return False
+            if self._value <= self._reserved:
+                came, got = self._reservations, False
+                self._waiting += 1
+                try:
+                    got = self._wait_until(lambda: self._value > self._reserved or (
+                        self._reserved > 0 and self._reservations != came),
+                        _deadline(block, timeout))
+                finally:
+                    self._waiting -= 1
+                    if got and self._value <= self._reserved:
+                        self._reserved -= 1          # one of the permits kept for waiters
+                    self._reserved = min(self._reserved, self._waiting, self._value - int(got))
+                    if not got and self._value > self._reserved:
+                        self._state.notify()   # pass on a wake-up this waiter may have had
+                if not got:
+                    return False
             self._value -= 1
             self._held[_caller()] += 1
             return True
+
+    def _give_back(self, n: int) -> None:
+        """``n`` permits are free again: keep them for waiters first (holding ``_state``)."""
+        self._value += n
+        if self._waiting:   # (only acquire waits on ``_state``)
+            self._reserved = min(self._waiting, self._reserved + n)
+            self._reservations += 1
+            self._state.notify(n)
 
     def release(self, n: int = 1) -> None:
         """Give back ``n`` permits."""
@@ -243,12 +365,11 @@ class Semaphore(_Acquirable):
             raise ValueError("n must be one or more")
         with self._state:
             self._check_release(n)
-            self._value += n
             me = _caller()
             self._held[me] = max(0, self._held[me] - n)
             if not self._held[me]:
                 del self._held[me]
-            self._state.notify(n)
+            self._give_back(n)
 
     def _check_release(self, n: int) -> None:
         """Refuse a release (BoundedSemaphore); the plain semaphore accepts any."""
@@ -272,8 +393,7 @@ class Semaphore(_Acquirable):
             if held:
                 logger.warning("a process holding %d semaphore permit(s) disconnected; "
                                "giving them back", held)
-                self._value += held
-                self._state.notify(held)
+                self._give_back(held)
 
     def __repr__(self) -> str:
         return f"<fiberrl.robust.{type(self).__name__} value={self._value}>"
@@ -332,7 +452,7 @@ class Condition(_Acquirable):
                     notified = self._wait_until(lambda: waiter[0], deadline)
                     if notified and managers.caller_hung_up():
                         raise ClientGone("the client of this call disconnected")
-                except ClientGone:
+                except BaseException:   # its client left, or a direct caller was interrupted
                     self._forget(waiter)
                     raise
                 if not notified:
@@ -380,126 +500,3 @@ class Condition(_Acquirable):
     def notify_all(self) -> None:
         """Wake every waiter."""
         self.notify(len(self._waiters) or 1)
-
-
-class Event(_Robust):
-    """A flag that processes can set, clear and wait for."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._flag = False
-
-    def is_set(self) -> bool:
-        """Whether the flag is set."""
-        return self._flag
-
-    def set(self) -> None:
-        """Set the flag and wake every waiter."""
-        with self._state:
-            self._flag = True
-            self._state.notify_all()
-
-    def clear(self) -> None:
-        """Reset the flag."""
-        with self._state:
-            self._flag = False
-
-    def wait(self, timeout: Optional[float] = None) -> bool:
-        """Wait until the flag is set; return the flag."""
-        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-        with self._state:
-            return self._wait_until(lambda: self._flag, deadline)
-
-
-class Barrier(_Robust):
-    """``threading.Barrier`` for processes; broken if a waiting party disconnects.
-
-    ``action`` (if given) runs in the server, called by the last party to arrive.
-    """
-
-    def __init__(self, parties: int, action: Optional[Callable[[], Any]] = None,
-                 timeout: Optional[float] = None) -> None:
-        if parties < 1:
-            raise ValueError("parties must be >= 1")
-        super().__init__()
-        self._parties = parties
-        self._action = action
-        self._timeout = timeout
-        self._count = 0
-        self._generation = 0
-        self._broken = False
-        self._broken_generations: "set[int]" = set()
-
-    def wait(self, timeout: Optional[float] = None) -> int:
-        """Wait for all parties; return this party's arrival index (0..parties-1)."""
-        if timeout is None:
-            timeout = self._timeout
-        with self._state:
-            if self._broken:
-                raise threading.BrokenBarrierError
-            generation, index = self._generation, self._count
-            self._count += 1
-            if self._count == self._parties:
-                self._trip()
-                return index
-            deadline = None if timeout is None else time.monotonic() + timeout
-            try:
-                passed = self._wait_until(
-                    lambda: self._generation != generation or self._broken, deadline)
-            except ClientGone:
-                logger.warning("a party waiting at a barrier disconnected; breaking the barrier")
-                self._break()
-                raise
-            if self._generation != generation and generation not in self._broken_generations:
-                return index
-            if not passed:
-                self._break()
-            raise threading.BrokenBarrierError
-
-    def _trip(self) -> None:
-        try:
-            if self._action is not None:
-                self._action()
-        except BaseException:
-            self._break()
-            raise
-        self._count = 0
-        self._generation += 1
-        self._state.notify_all()
-
-    def _break(self) -> None:
-        self._broken = True
-        self._state.notify_all()
-
-    def abort(self) -> None:
-        """Break the barrier: current and future waiters get ``BrokenBarrierError``."""
-        with self._state:
-            self._break()
-
-    def reset(self) -> None:
-        """Return to the initial state; parties waiting now get ``BrokenBarrierError``."""
-        with self._state:
-            if self._count or self._broken:
-                if self._count:
-                    self._broken_generations.add(self._generation)
-                    if len(self._broken_generations) > 1024:
-                        self._broken_generations.discard(min(self._broken_generations))
-                self._generation += 1
-            self._count = 0
-            self._broken = False
-            self._state.notify_all()
-
-    @property
-    def parties(self) -> int:
-        """The number of parties needed to pass."""
-        return self._parties
-
-    @property
-    def n_waiting(self) -> int:
-        """The number of parties waiting now."""
-        return self._count if not self._broken else 0
-
-    @property
-    def broken(self) -> bool:
-        """Whether the barrier is broken."""
-        return self._broken

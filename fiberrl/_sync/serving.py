@@ -1,4 +1,6 @@
-"""Manager servers and proxies on fiberrl's wire: the machinery under :mod:`fiberrl.managers`.
+"""Manager servers on fiberrl's wire and ``BaseManager``: the machinery under
+:mod:`fiberrl.managers` (whose names this module gathers, the proxies of :mod:`.proxies`
+and the in-process client of :mod:`.loopback` among them).
 
 ``Server`` is CPython's ``multiprocessing.managers.Server`` reached over fiberrl's wire
 (:mod:`.connections`): a server started with ``address=None`` is reached through its
@@ -6,8 +8,8 @@ process's one listener, one bound to an address the user chose listens there, on
 same I/O loop; each client is served by a thread that reads its stream itself. When
 a client goes away without saying goodbye, the departure listeners hear of it (that
 is how :mod:`.robust` releases what a dead process held). ``BaseManager`` starts its
-server as a fiberrl job; the proxies connect over the wire and rebuild as fiberrl
-proxies wherever they are unpickled.
+server as a fiberrl job; the proxies (:mod:`.proxies`) connect over the wire and
+rebuild as fiberrl proxies wherever they are unpickled.
 """
 from __future__ import annotations
 
@@ -26,12 +28,16 @@ from .._runtime.runtime import reactor, runtime
 from .._wire.sockets import default_listen_host
 from .._wire.stream import Stream
 from ..errors import ProcessError
-from .connections import LABEL, ManagedConnection, codec, open_connection
+from .connections import LABEL, ManagedConnection, codec
+from .loopback import ClientFactory, serving_thread as _serving
+from .loopback import servers as _servers, servers_lock as _servers_lock
+# the proxies, gathered here for fiberrl.managers and the modules of this package
+from .proxies import (AcquirerProxy, ArrayProxy, AutoProxy, BarrierProxy, BaseListProxy,
+                      BasePoolProxy, BaseProxy, ConditionProxy, DictProxy, EventProxy,
+                      IteratorProxy, ListProxy, MakeProxyType, NamespaceProxy, PoolProxy,
+                      SemaphoreProxy, ValueProxy, as_fiberrl_proxy_type)
 
 logger = logging.getLogger(__name__)
-
-#: where the proxy classes are public (and importable, for pickling by reference)
-_PUBLIC = "fiberrl.managers"
 
 Token = mp_managers.Token
 RemoteError = mp_managers.RemoteError
@@ -51,87 +57,14 @@ reduce_array = mp_managers.reduce_array
 HAS_SHMEM = mp_managers.HAS_SHMEM
 
 
-class _LoopbackConnection:
-    """A one-request "connection" to a server running in this process, served in the
-    calling thread. The proxies' bookkeeping (incref, decref, create...) runs from
-    garbage-collection finalizers in any thread, including one the server's own
-    accept loop is waiting to start; a socket there could deadlock the process.
-    """
-
-    def __init__(self, server: "Server") -> None:
-        self._server = server
-        self._reply: Any = None
-        self._in_call = False
-
-    def send(self, obj: Any) -> None:
-        """Run a request; while it runs, a send is the server's reply (``shutdown``)."""
-        if self._in_call:
-            self._reply = obj
-            return
-        _ignored, funcname, args, kwds = obj
-        self._in_call = True
-        try:
-            if funcname not in self._server.public or funcname == "accept_connection":
-                raise ValueError(f"{funcname!r} cannot be run in this process's own server")
-            result = getattr(self._server, funcname)(self, *args, **kwds)
-        except Exception:
-            reply = ("#TRACEBACK", traceback.format_exc())
-        else:
-            reply = ("#RETURN", result)
-        finally:
-            self._in_call = False
-        if self._reply is None:
-            self._reply = reply
-
-    def recv(self) -> Any:
-        """The reply to the request just run."""
-        reply, self._reply = self._reply, None
-        return reply
-
-    def close(self) -> None:
-        """Nothing to close."""
-
-
-class ClientFactory:
-    """``Client(address, authkey=...)`` for one serializer, as the stdlib's managers call it.
-
-    A server running in this process is reached without a socket (see
-    :class:`_LoopbackConnection`); proxies' own method calls always use a socket.
-    """
-
-    _instances: Dict[str, "ClientFactory"] = {}
-
-    def __init__(self, serializer: str) -> None:
-        codec(serializer)
-        self.serializer = serializer
-
-    @classmethod
-    def for_serializer(cls, serializer: str) -> "ClientFactory":
-        """The shared factory of ``serializer``."""
-        factory = cls._instances.get(serializer)
-        if factory is None:
-            factory = cls._instances[serializer] = cls(serializer)
-        return factory
-
-    def __call__(self, address: Any, authkey: Optional[bytes] = None) -> Any:
-        with _servers_lock:
-            server = _servers.get(address)
-        if server is not None and not server.stop_event.is_set():
-            return _LoopbackConnection(server)
-        return open_connection(address, authkey, self.serializer)
-
-
 # -- the server ----------------------------------------------------------------------------
 
-_serving = threading.local()
-_servers_lock = threading.Lock()
-_servers: Dict[Any, "Server"] = {}  # address -> server running in this process
 _departure_listeners: "list[Callable[[int], None]]" = []
 
 
 def serving_connection() -> Optional[ManagedConnection]:
     """The client connection the calling server thread serves (None elsewhere)."""
-    return getattr(_serving, "conn", None)
+    return _serving.conn
 
 
 def caller_hung_up() -> bool:
@@ -209,6 +142,10 @@ class Server(mp_managers.Server):
     departure listeners hear of it, which is how locks held by a dead process get
     released.
     """
+
+    #: whether this process's threads may call objects that allow it (their
+    #: ``direct_calls``) without a connection (see :func:`.loopback.direct_referent`)
+    direct_calls = False
 
     def __init__(self, registry: dict, address: Any, authkey: bytes, serializer: str) -> None:
         codec(serializer)
@@ -336,141 +273,6 @@ class Server(mp_managers.Server):
         self.door.close()
 
 
-# -- proxies ---------------------------------------------------------------------------------
-
-class _FiberrlProxy:
-    """Mixed into the stdlib's proxy classes: fiberrl connections, fiberrl rebuilding."""
-
-    @property
-    def _Client(self):
-        return ClientFactory.for_serializer(self._serializer)
-
-    @_Client.setter
-    def _Client(self, stdlib_client):
-        """``BaseProxy.__init__`` assigns the stdlib's client; fiberrl's is used instead."""
-
-    def _connect(self) -> None:
-        """Open this thread's connection, served by a thread of its own in the server."""
-        name = mp_process.current_process().name
-        if threading.current_thread().name != "MainThread":
-            name += "|" + threading.current_thread().name
-        conn = open_connection(self._token.address, self._authkey, self._serializer)
-        conn.in_turn = True
-        dispatch(conn, None, "accept_connection", (name,))
-        conn.mark_serving()
-        self._tls.connection = conn
-
-    def __reduce__(self):
-        reduced = super().__reduce__()
-        if getattr(self, "_isauto", False):
-            _rebuild, (_auto, token, serializer, kwds) = reduced
-            return mp_managers.RebuildProxy, (AutoProxy, token, serializer, kwds)
-        return reduced
-
-
-def _fiberrl_proxy(stdlib_type: type, extra: Optional[dict] = None) -> type:
-    """``stdlib_type`` with fiberrl's connections (a class importable from this module)."""
-    name = stdlib_type.__name__
-    cls = type(name, (_FiberrlProxy, stdlib_type), {"__module__": _PUBLIC, **(extra or {})})
-    cls.__qualname__ = name
-    return cls
-
-
-def _iterate_all(self):
-    return iter(self[:])
-
-
-BaseProxy = _fiberrl_proxy(mp_managers.BaseProxy)
-IteratorProxy = _fiberrl_proxy(mp_managers.IteratorProxy)
-AcquirerProxy = _fiberrl_proxy(mp_managers.AcquirerProxy)
-ConditionProxy = _fiberrl_proxy(mp_managers.ConditionProxy)
-EventProxy = _fiberrl_proxy(mp_managers.EventProxy)
-BarrierProxy = _fiberrl_proxy(mp_managers.BarrierProxy)
-NamespaceProxy = _fiberrl_proxy(mp_managers.NamespaceProxy)
-ValueProxy = _fiberrl_proxy(mp_managers.ValueProxy)
-ListProxy = _fiberrl_proxy(mp_managers.ListProxy)
-DictProxy = _fiberrl_proxy(mp_managers.DictProxy)
-ArrayProxy = _fiberrl_proxy(mp_managers.ArrayProxy, {"__iter__": _iterate_all})
-BaseListProxy = _fiberrl_proxy(mp_managers.BaseListProxy)
-BasePoolProxy = _fiberrl_proxy(mp_managers.BasePoolProxy)
-PoolProxy = _fiberrl_proxy(mp_managers.PoolProxy, {
-    "_exposed_": mp_managers.PoolProxy._exposed_ + ("stats", "resize"),
-    "stats": lambda self: self._callmethod("stats"),
-    "resize": lambda self, processes: self._callmethod("resize", (processes,)),
-})
-
-
-
-class SemaphoreProxy(AcquirerProxy):
-    """A semaphore's proxy, with ``get_value()`` as on ``multiprocessing.Semaphore``."""
-
-    _exposed_ = AcquirerProxy._exposed_ + ("get_value",)
-
-    def get_value(self) -> int:
-        """The number of free permits."""
-        return self._callmethod("get_value")
-
-
-_STDLIB_TO_FIBERRL = {stdlib: ours for ours in (
-    BaseProxy, IteratorProxy, AcquirerProxy, ConditionProxy, EventProxy, BarrierProxy,
-    NamespaceProxy, ValueProxy, ListProxy, DictProxy, ArrayProxy, PoolProxy)
-    for stdlib in ours.__mro__[2:3]}
-
-_auto_types: Dict[tuple, type] = {}
-
-
-def MakeProxyType(name: str, exposed: Any) -> type:
-    """A proxy class forwarding each method named in ``exposed`` (fiberrl connections)."""
-    key = (name, tuple(exposed))
-    cls = _auto_types.get(key)
-    if cls is None:
-        stdlib_type = mp_managers.MakeProxyType(name, exposed)
-        cls = type(name, (_FiberrlProxy, stdlib_type), {"__module__": _PUBLIC})
-        _auto_types[key] = cls
-    return cls
-
-
-def AutoProxy(token: Token, serializer: str, manager: Any = None, authkey: Optional[bytes] = None,
-              exposed: Any = None, incref: bool = True, manager_owned: bool = False):
-    """A proxy whose methods are those the server exposes for ``token``'s object."""
-    if authkey is None and manager is not None:
-        authkey = manager._authkey
-    if authkey is None:
-        authkey = mp_process.current_process().authkey
-    if exposed is None:
-        conn = open_connection(token.address, authkey, serializer)
-        try:
-            exposed = dispatch(conn, None, "get_methods", (token,))
-        finally:
-            conn.close()
-    proxy_type = MakeProxyType(f"AutoProxy[{token.typeid}]", exposed)
-    proxy = proxy_type(token, serializer, manager=manager, authkey=authkey, incref=incref,
-                       manager_owned=manager_owned)
-    proxy._isauto = True
-    return proxy
-
-
-def _as_fiberrl_proxy_type(proxytype: Any) -> Any:
-    if proxytype is None or proxytype is mp_managers.AutoProxy:
-        return AutoProxy
-    proxytype = _STDLIB_TO_FIBERRL.get(proxytype, proxytype)
-    if (isinstance(proxytype, type) and issubclass(proxytype, mp_managers.BaseProxy)
-            and not issubclass(proxytype, _FiberrlProxy)):
-        _adopt_proxy_class(proxytype)
-    return proxytype
-
-
-def _adopt_proxy_class(cls: type) -> None:
-    """Make a user's subclass of the stdlib's ``BaseProxy``, registered with a fiberrl
-    manager, connect over fiberrl's wire (its servers speak no other protocol).
-
-    The class is changed in place (a new class would not be importable where its
-    proxies are unpickled); proxies of it then reach fiberrl managers only.
-    """
-    cls._Client = _FiberrlProxy.__dict__["_Client"]
-    cls._connect = _FiberrlProxy.__dict__["_connect"]
-
-
 # -- managers ----------------------------------------------------------------------------------
 
 class _JobContext:
@@ -514,7 +316,7 @@ class BaseManager(mp_managers.BaseManager):
                  exposed: Any = None, method_to_typeid: Optional[dict] = None,
                  create_method: bool = True) -> None:
         """Register ``typeid``; ``manager.<typeid>(...)`` then creates one on the server."""
-        super().register(typeid, callable, _as_fiberrl_proxy_type(proxytype), exposed,
+        super().register(typeid, callable, as_fiberrl_proxy_type(proxytype), exposed,
                          method_to_typeid, create_method)
 
     def _check_initial(self) -> None:
