@@ -84,7 +84,16 @@ def first_pieces(pieces: Deque[Any]) -> List[Any]:
 def write_all(sock: socket.socket, pieces: List[Any]) -> None:
     """Write every piece on a non-blocking socket, waiting while its buffer is full
     (the socket stays non-blocking, so a thread reading it is never stalled)."""
-    queue = collections.deque(pieces)
+    if len(pieces) == 1 and type(pieces[0]) is bytes:   # the common small message
+        try:
+            sent = sock.send(pieces[0])
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent == len(pieces[0]):
+            return
+        queue = collections.deque([memoryview(pieces[0])[sent:]])
+    else:
+        queue = collections.deque(pieces)
     while queue:
         try:
             if len(queue) == 1:

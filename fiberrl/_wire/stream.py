@@ -222,9 +222,13 @@ class Stream(_Authenticated):
         """Try to read for up to ``budget`` seconds without sleeping, yielding the core
         between tries."""
         until = started + budget
+        readable = self._readable.poll
         while True:
-            self._pending.extend(self._reader.read())
-            if self._pending or time.perf_counter() >= until:
+            if readable(0):   # a poll costs less than a read that finds nothing
+                self._pending.extend(self._reader.read())
+                if self._pending:
+                    return
+            if time.perf_counter() >= until:
                 return
             os.sched_yield()
 
