@@ -33,6 +33,7 @@ import threading
 from typing import Any, List, Optional
 
 from . import reduction
+from ._runtime.jobenv import this_pid
 from ._runtime.rpc import RpcClient, client_for
 from ._services.queue_broker import Broker, Waiter, owning_broker, queue_service
 from ._services.queue_feeder import Feeder, feeders
@@ -86,7 +87,7 @@ class Queue:
 
     def _broker(self) -> Optional[Broker]:
         """The broker when this process owns the queue, else None (then ``_client`` is set)."""
-        pid = os.getpid()
+        pid = this_pid()
         if self._pid != pid:  # first use in this process
             broker = getattr(self, "_broker_ref", None)
             if broker is None or broker.reactor.pid != pid:
@@ -130,6 +131,18 @@ class Queue:
     # -- put -------------------------------------------------------------------------
     def put(self, obj: Any, block: bool = True, timeout: Optional[float] = None) -> None:
         """Put ``obj`` on the queue; raise ``queue.Full`` if no room came in time."""
+        feeder = self._feeder_obj
+        if (feeder is not None and feeder.pid == this_pid() and self._pid == feeder.pid
+                and not self._closed and self._maxsize == 0):
+            try:   # the usual case in a producer: hand the pickle to this process's feeder
+                frames = reduction.dumps(obj)
+            except Exception as exc:
+                if self._raise_pickling_errors:
+                    raise
+                self._on_queue_feeder_error(exc, obj)
+                return
+            feeder.put(frames)
+            return
         self._check_closed()
         timeout = _no_less_than_zero(timeout)
         try:
@@ -172,6 +185,12 @@ class Queue:
     # -- get -------------------------------------------------------------------------
     def get(self, block: bool = True, timeout: Optional[float] = None) -> Any:
         """Remove and return an item; raise ``queue.Empty`` if none came in time."""
+        owner = self._owner
+        if owner is not None and self._pid == this_pid() and not self._closed:
+            with owner.lock:   # the usual case in the owner: an item is waiting
+                frames = owner.take()
+            if frames is not None:
+                return reduction.loads(frames)
         self._check_closed()
         timeout = _no_less_than_zero(timeout)
         broker = self._broker()

@@ -267,6 +267,8 @@ def dumps_data(obj: Any) -> Frames:
 
 def loads(frames: Sequence[Any]) -> Any:
     """Rebuild an object from authenticated frames made by :func:`dumps`."""
+    if len(frames) == 1:
+        return pickle.loads(frames[0])
     return pickle.loads(frames[0], buffers=frames[1:])
 
 
