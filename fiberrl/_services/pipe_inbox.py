@@ -19,6 +19,12 @@ An inbox waits on one epoll set (its streams, a wake-up pipe for senders in this
 process, and optionally the end's own outbox, whose stream breaking is news too), so
 ``fileno()`` of a ``Connection`` is an honest, pollable descriptor.
 
+Messages from several senders (copies of one end in several processes, or a sender
+in this process too) come out in the order they were sent, as from one kernel pipe:
+each carries its send time, and a message is handed on only once every stream has been
+looked at after its send time, so that one sent earlier, by a sender that had to wait
+for it (a lock, a barrier), cannot come second.
+
 Waiting spins a little before it sleeps, adaptively (:mod:`fiberrl._wire.spin`
 says why and how), so a slow peer (an environment step, a long computation) costs
 no polling.
@@ -85,6 +91,8 @@ class Inbox:
         self._lock = threading.Lock()
         self._local: Deque[Tuple[int, Message]] = collections.deque()   # (send time, message)
         self._readers: Dict[int, FrameReader] = {}
+        self._held: List[Tuple[int, Message]] = []   # sent after the last horizon: see receive
+        self._local_used = False   # a sender in this process delivered here
         self._watched: Optional[int] = None
         self.closed = False
 
@@ -113,6 +121,7 @@ class Inbox:
                 raise BrokenPipeError("that pipe end is no longer active in this process")
             if not self._local:
                 self._poke()
+            self._local_used = True
             self._local.append((time.monotonic_ns(), (kind, frames)))
 
     def wake(self) -> None:
@@ -150,11 +159,11 @@ class Inbox:
         watched outbox did (either may mean the peer is gone: ask the rendezvous).
         """
         started = time.perf_counter()
-        events = self._poll(timeout, started)
-        if not events:
+        events = self._poll(0.0 if self._held else timeout, started)
+        if not events and not self._held:
             return False, False
-        if len(events) == 1:   # the usual case: one sender's stream had something
-            fd = events[0][0]
+        if len(events) == 1 and len(self._readers) == 1 and not self._held:
+            fd = events[0][0]   # the usual case: one sender, nothing to put in order
             reader = self._readers.get(fd)
             if reader is not None:
                 try:
@@ -169,39 +178,52 @@ class Inbox:
                     for message in messages:
                         into.append(unstamp(message)[1])
                 return False, False
+        items, dropped, broke = self._read(events)
+        if len(self._readers) > 1 or self._held or self._local_used:
+            # Several senders: a message may only be handed on once every message sent
+            # before it is here. One sent before ``horizon`` is in its stream by then
+            # (or was sent concurrently, without an order to keep), so after a last
+            # look at every stream, what was sent up to ``horizon`` goes out in send
+            # order and anything later waits for the next call (module doc).
+            horizon = time.monotonic_ns()
+            more, dropped_more, broke_more = self._read(self._epoll.poll(0))
+            items += more + self._held
+            dropped, broke = dropped or dropped_more, broke or broke_more
+            items.sort(key=lambda item: item[0])   # stable: one sender's order is kept
+            ready = [item for item in items if item[0] <= horizon]
+            self._held = items[len(ready):]
+            if self._held:
+                with self._lock:
+                    self._poke()   # fileno() stays readable while messages wait here
+            items = ready
+        if items:
+            self._last_wait = time.perf_counter() - started
+            into.extend(message for _, message in items)
+        return dropped, broke
+
+    def _read(self, events: List[Tuple[int, int]]) -> Tuple[List[Tuple[int, Message]], bool,
+                                                            bool]:
+        """What the streams (and local senders) behind ``events`` have: ``(send time,
+        message)`` pairs, and whether a stream was dropped or the outbox broke."""
+        items: List[Tuple[int, Message]] = []
         dropped = broke = False
-        batches: List[List[Tuple[int, Message]]] = []   # (send time, message), per source
         for fd, _ in events:
             if fd == self._wake_r:
-                batch = self._take_local()
+                items += self._take_local()
             elif fd == self._watched:
                 broke = True
-                continue
             else:
                 reader = self._readers.get(fd)
                 if reader is None:
                     continue
                 try:
-                    batch = [unstamp(message) for message in reader.read()]
+                    items += [unstamp(message) for message in reader.read()]
                 except EOFError as exc:
                     if isinstance(exc, ForgedMessageError):
                         logger.warning("dropped a pipe stream: %s", exc)
                     self._drop(fd)
                     dropped = True
-                    continue
-            if batch:
-                batches.append(batch)
-        if not batches:
-            return dropped, broke
-        self._last_wait = time.perf_counter() - started
-        if len(batches) == 1:
-            for _, message in batches[0]:
-                into.append(message)
-        else:  # several senders at once: in the order they sent (module doc)
-            merged = [item for batch in batches for item in batch]
-            merged.sort(key=lambda item: item[0])   # stable: one sender's order is kept
-            into.extend(message for _, message in merged)
-        return dropped, broke
+        return items, dropped, broke
 
     def _poll(self, timeout: float, started: float) -> List[Tuple[int, int]]:
         """The epoll set's events within ``timeout`` s, spinning first (module doc)."""
@@ -251,6 +273,7 @@ class Inbox:
             self.closed = True
             readers, self._readers = list(self._readers.values()), {}
             self._local.clear()
+            self._held = []
         self.unwatch()
         for reader in readers:
             reader.sock.close()
