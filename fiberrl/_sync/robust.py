@@ -26,6 +26,7 @@ in :mod:`.robust_flags`, on the machinery here.
 """
 from __future__ import annotations
 
+import abc
 import collections
 import logging
 import threading
@@ -123,7 +124,7 @@ class _Acquirable(Robust):
         self.release()
 
 
-class _HandingOver(_Acquirable):
+class _HandingOver(_Acquirable, abc.ABC):
     """A lock released while clients wait goes to one of them (:data:`HANDOFF`)."""
 
     _waiting = 0    # clients waiting in acquire
@@ -149,15 +150,17 @@ class _HandingOver(_Acquirable):
         finally:
             self._waiting -= 1
 
+    @abc.abstractmethod
     def _free(self) -> bool:
-        raise NotImplementedError
+        """Whether nobody holds the lock (holding ``_state``)."""
 
+    @abc.abstractmethod
     def _handed_off(self) -> bool:
-        raise NotImplementedError
+        """Whether the lock was handed to a waiter not yet woken (holding ``_state``)."""
 
+    @abc.abstractmethod
     def _unlock(self) -> None:
         """Free the lock, or hand it to a waiter if there is one (holding ``_state``)."""
-        raise NotImplementedError
 
 
 class Lock(_HandingOver):
