@@ -131,20 +131,7 @@ class Queue:
     # -- put -------------------------------------------------------------------------
     def put(self, obj: Any, block: bool = True, timeout: Optional[float] = None) -> None:
         """Put ``obj`` on the queue; raise ``queue.Full`` if no room came in time."""
-        feeder = self._feeder_obj
-        if (feeder is not None and feeder.pid == this_pid() and self._pid == feeder.pid
-                and not self._closed and self._maxsize == 0):
-            try:   # the usual case in a producer: hand the pickle to this process's feeder
-                frames = reduction.dumps(obj)
-            except Exception as exc:
-                if self._raise_pickling_errors:
-                    raise
-                self._on_queue_feeder_error(exc, obj)
-                return
-            feeder.put(frames)
-            return
         self._check_closed()
-        timeout = _no_less_than_zero(timeout)
         try:
             frames = reduction.dumps(obj)
         except Exception as exc:
@@ -152,6 +139,12 @@ class Queue:
                 raise
             self._on_queue_feeder_error(exc, obj)
             return
+        feeder = self._feeder_obj
+        if (feeder is not None and feeder.pid == this_pid() and self._pid == feeder.pid
+                and self._maxsize == 0):
+            feeder.put(frames)   # the usual case in a producer: this process's feeder
+            return
+        timeout = _no_less_than_zero(timeout)
         broker = self._broker()
         if broker is not None:
             self._put_local(broker, frames, block, timeout)
