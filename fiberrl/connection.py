@@ -292,9 +292,7 @@ class Connection:
                 self._outbox.send(kind, frames)
                 return
             except OSError as exc:
-                logger.debug("pipe %s: stream to the other end broke: %s", self._pipe_id, exc)
-                self._disconnect()
-                self._suspect = True
+                self._stream_broke(exc)
                 self._check_peer_there()
         raise BrokenPipeError(f"cannot reach the other end of {self!r}")
 
@@ -315,10 +313,15 @@ class Connection:
             outbox.send_small(kind, payload)
             return True
         except OSError as exc:   # the general path reconnects, or says why it cannot
-            logger.debug("pipe %s: stream to the other end broke: %s", self._pipe_id, exc)
-            self._disconnect()
-            self._suspect = True
+            self._stream_broke(exc)
             return False
+
+    def _stream_broke(self, exc: OSError) -> None:
+        """The stream to the peer failed: drop it and ask the rendezvous before trusting
+        the peer again."""
+        logger.debug("pipe %s: stream to the other end broke: %s", self._pipe_id, exc)
+        self._disconnect()
+        self._suspect = True
 
     def send(self, obj: Any) -> None:
         """Send a picklable object to the other end."""

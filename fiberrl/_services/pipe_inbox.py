@@ -166,12 +166,8 @@ class Inbox:
             fd = events[0][0]   # the usual case: one sender, nothing to put in order
             reader = self._readers.get(fd)
             if reader is not None:
-                try:
-                    messages = reader.read()
-                except EOFError as exc:
-                    if isinstance(exc, ForgedMessageError):
-                        logger.warning("dropped a pipe stream: %s", exc)
-                    self._drop(fd)
+                messages = self._read_stream(fd, reader)
+                if messages is None:
                     return True, False
                 if messages:
                     self._last_wait = time.perf_counter() - started
@@ -216,14 +212,22 @@ class Inbox:
                 reader = self._readers.get(fd)
                 if reader is None:
                     continue
-                try:
-                    items += [unstamp(message) for message in reader.read()]
-                except EOFError as exc:
-                    if isinstance(exc, ForgedMessageError):
-                        logger.warning("dropped a pipe stream: %s", exc)
-                    self._drop(fd)
+                messages = self._read_stream(fd, reader)
+                if messages is None:
                     dropped = True
+                else:
+                    items += [unstamp(message) for message in messages]
         return items, dropped, broke
+
+    def _read_stream(self, fd: int, reader: FrameReader) -> Optional[List[Message]]:
+        """What one sender's stream has; None when it ended (it is dropped then)."""
+        try:
+            return reader.read()
+        except EOFError as exc:
+            if isinstance(exc, ForgedMessageError):
+                logger.warning("dropped a pipe stream: %s", exc)
+            self._drop(fd)
+            return None
 
     def _poll(self, timeout: float, started: float) -> List[Tuple[int, int]]:
         """The epoll set's events within ``timeout`` s, spinning first (module doc)."""
