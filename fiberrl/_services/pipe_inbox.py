@@ -45,7 +45,7 @@ from .._runtime.runtime import Runtime, existing_service, service
 from .._wire.auth import Verifier
 from .._wire.framing import SMALL, FrameReader, Message
 from .._wire.sockets import Address
-from .._wire.spin import spin_budget, worth_spinning
+from .._wire.spin import should_spin, spin_budget, spin_for
 from .._wire.stream import Stream, open_stream
 from ..errors import ForgedMessageError
 
@@ -55,6 +55,8 @@ logger = logging.getLogger(__name__)
 
 _STAMP = struct.Struct("!QB")   # send time (CLOCK_MONOTONIC, ns), 1 if the message had no frames
 _SMALL_STAMPED = SMALL - _STAMP.size
+_STAMP_BYTES = _STAMP.size
+_EMPTY_FLAG = _STAMP.size - 1   # the offset of the stamp's "no frames" byte
 
 
 def stamped(frames: Sequence[Any]) -> List[Any]:
@@ -63,6 +65,17 @@ def stamped(frames: Sequence[Any]) -> List[Any]:
         return [_STAMP.pack(time.monotonic_ns(), 1)]
     head = frames[0] if type(frames[0]) is bytes else bytes(frames[0])
     return [_STAMP.pack(time.monotonic_ns(), 0) + head, *frames[1:]]
+
+
+def unstamped(frames: List[Any]) -> List[Any]:
+    """The frames of a stamped message as they were sent (its send time dropped)."""
+    head = frames[0]
+    if len(head) < _STAMP_BYTES:
+        raise ForgedMessageError("a pipe message without its send time")
+    if head[_EMPTY_FLAG]:
+        return []
+    frames[0] = head[_STAMP_BYTES:]
+    return frames
 
 
 def unstamp(message: Message) -> Tuple[int, Message]:
@@ -159,21 +172,29 @@ class Inbox:
         watched outbox did (either may mean the peer is gone: ask the rendezvous).
         """
         started = time.perf_counter()
-        events = self._poll(0.0 if self._held else timeout, started)
-        if not events and not self._held:
-            return False, False
-        if len(events) == 1 and len(self._readers) == 1 and not self._held:
-            fd = events[0][0]   # the usual case: one sender, nothing to put in order
-            reader = self._readers.get(fd)
-            if reader is not None:
-                messages = self._read_stream(fd, reader)
-                if messages is None:
-                    return True, False
-                if messages:
-                    self._last_wait = time.perf_counter() - started
-                    for message in messages:
-                        into.append(unstamp(message)[1])
+        held = self._held
+        if held or timeout <= 0 or not should_spin(self._last_wait, self._spin):
+            events = self._epoll.poll(0.0 if held else timeout)
+        else:
+            events = self._spin_then_poll(timeout, started)
+        if not held:
+            if not events:
                 return False, False
+            if len(events) == 1 and len(self._readers) == 1:
+                # the usual case: one sender, nothing to put in order
+                fd = events[0][0]
+                reader = self._readers.get(fd)
+                if reader is not None:
+                    try:
+                        messages = reader.read()
+                    except EOFError as exc:
+                        self._stream_ended(fd, exc)
+                        return True, False
+                    if messages:
+                        self._last_wait = time.perf_counter() - started
+                        for kind, frames in messages:
+                            into.append((kind, unstamped(frames)))
+                    return False, False
         items, dropped, broke = self._read(events)
         if len(self._readers) > 1 or self._held or self._local_used:
             # Several senders: a message may only be handed on once every message sent
@@ -224,24 +245,27 @@ class Inbox:
         try:
             return reader.read()
         except EOFError as exc:
-            if isinstance(exc, ForgedMessageError):
-                logger.warning("dropped a pipe stream: %s", exc)
-            self._drop(fd)
+            self._stream_ended(fd, exc)
             return None
 
-    def _poll(self, timeout: float, started: float) -> List[Tuple[int, int]]:
-        """The epoll set's events within ``timeout`` s, spinning first (module doc)."""
-        if timeout <= 0 or not worth_spinning(self._last_wait, self._spin):
-            return self._epoll.poll(timeout)
-        spin_until = started + min(self._spin, timeout)
-        while True:
-            events = self._epoll.poll(0)
-            if events:
-                return events
-            now = time.perf_counter()
-            if now >= spin_until:
-                return self._epoll.poll(max(0.0, timeout - (now - started)))
-            os.sched_yield()
+    def _stream_ended(self, fd: int, exc: EOFError) -> None:
+        if isinstance(exc, ForgedMessageError):
+            logger.warning("dropped a pipe stream: %s", exc)
+        self._drop(fd)
+
+    def _spin_then_poll(self, timeout: float, started: float) -> List[Tuple[int, int]]:
+        """The epoll set's events within ``timeout`` s, polling without sleeping for the
+        spin first (:mod:`fiberrl._wire.spin`)."""
+        poll = self._epoll.poll
+        found: List[Tuple[int, int]] = []
+
+        def arrived() -> bool:
+            found.extend(poll(0))
+            return bool(found)
+
+        if spin_for(arrived, min(self._spin, timeout)):
+            return found
+        return poll(max(0.0, timeout - (time.perf_counter() - started)))
 
     def drain(self, into: Deque[Message]) -> None:
         """Take everything that already arrived, without waiting."""

@@ -1,43 +1,182 @@
-"""How long a waiting receiver polls before it sleeps.
+"""When a waiting receiver polls before it sleeps, and how.
 
-Waking a process that sleeps on another core costs ~40 us on a VM (the core's idle
-exit and an inter-processor interrupt): more than a short message's whole round trip
-between two awake processes. So a receiver that expects an answer soon first polls
-without blocking for up to ``spin_wait_us`` (a configuration setting), yielding its
-core between polls so that a peer on the same core runs at once, and sleeps only if
-nothing came. The spin is adaptive (:func:`worth_spinning`): after a wait that took
-much longer than the spin, the next wait sleeps at once, so a slow or idle peer
-costs no polling. The bound is generous (8 spins), because a reply that missed the
-spin arrives late by a wake-up: with a tight bound, one slow spell would switch the
-spin off for good.
+Why poll at all: waking a process asleep on another core costs ~40 us on a VM (the
+core's idle exit and an inter-processor interrupt), more than a short message's
+whole round trip between two awake processes. A receiver that expects an answer soon
+polls without blocking for up to ``spin_wait_us`` (a configuration setting) and
+sleeps in the kernel (one blocking wait, as the stdlib's receiver does) if nothing
+came.
+
+Why not always: a compute node running a pool has a CPU-bound process on every
+core. There a spinning receiver takes the core its neighbour would run on, and
+giving the core back with ``sched_yield`` is worse: the neighbour gets a whole time
+slice (milliseconds), so every message waits a slice. Asleep, the receiver costs
+nothing, and the scheduler runs it as soon as its message arrives (a sleeper preempts
+a CPU-bound task). So the spin has three rules:
+
+1. **Only with a core to spare** (:func:`core_to_spare`): the kernel's count of
+   runnable threads, on the whole machine, including this one (the fourth field of
+   ``/proc/loadavg``, read in ~2 us from a descriptor kept open), is at most the
+   number of CPUs this process may use (its affinity, capped by its cgroup's CPU
+   quota). The reading is reused for :data:`RECHECK_S`, so a conversation of
+   thousands of messages a second reads it a few hundred times a second at most.
+2. **Never yield**: polls back to back for at most the budget, then one blocking
+   wait.
+3. **Adaptive** (:func:`worth_spinning`): after a wait that took much longer than the
+   spin, the next wait sleeps at once, so a slow or idle peer costs no polling. The
+   bound is generous (8 spins) because a reply that missed the spin arrives late by
+   a wake-up: with a tight bound one slow spell would switch the spin off for good.
+
+Where ``/proc/loadavg`` cannot be read (not Linux), there is never a core to spare:
+waits sleep at once, as the stdlib's do.
 """
 from __future__ import annotations
 
 import functools
 import os
+import time
+from typing import Callable, List, Optional
+
+#: seconds a reading of the machine's runnable threads is reused
+RECHECK_S = 0.002
+
+#: a wait that took longer than this many spins means the peer is slow: sleep at once
+SLOW_PEER_SPINS = 8
+
+_LOADAVG = "/proc/loadavg"
 
 
 def spin_budget() -> float:
     """Seconds a waiting receiver may poll before it sleeps (0 on a single CPU)."""
     from ..config import get_config
-    return get_config().spin_wait_us * 1e-6 if several_cpus() else 0.0
-
-
-#: a wait that took longer than this many spins means the peer is slow: sleep at once
-SLOW_PEER_SPINS = 8
+    return get_config().spin_wait_us * 1e-6 if usable_cpus() > 1 else 0.0
 
 
 def worth_spinning(last_wait: float, spin: float) -> bool:
-    """Whether to spin before the next wait, given how long the last one took."""
+    """Whether the peer answers fast enough for a spin to pay, given how long the
+    last wait took (rule 3)."""
     return bool(spin) and last_wait <= SLOW_PEER_SPINS * spin
 
 
+def should_spin(last_wait: float, spin: float) -> bool:
+    """Whether to spin before the next wait: the peer is prompt and the machine has a
+    core to spare (rules 1 and 3; asked before every wait, so written out here)."""
+    return bool(spin) and last_wait <= SLOW_PEER_SPINS * spin and _runnable.spare()
+
+
+def spin_for(ready: Callable[[], bool], seconds: float) -> bool:
+    """Call ``ready`` back to back (no yield, rule 2) until it is true or ``seconds``
+    have passed; whether it became true."""
+    until = time.perf_counter() + seconds
+    clock = time.perf_counter
+    while True:
+        if ready():
+            return True
+        if clock() >= until:
+            return False
+
+
+class _RunnableThreads:
+    """The machine's count of runnable threads, read from ``/proc/loadavg`` and reused
+    for :data:`RECHECK_S` (one per process; a forked child reads its own)."""
+
+    def __init__(self) -> None:
+        self._fd: Optional[int] = None
+        self._read_at = -1.0
+        self._spare = False
+        self.readings = 0   # how many times the file was read (tests)
+
+    def spare(self) -> bool:
+        now = time.perf_counter()
+        if now - self._read_at < RECHECK_S:
+            return self._spare
+        running = self._read()
+        self._read_at = now
+        self._spare = running is not None and running <= usable_cpus()
+        return self._spare
+
+    def _read(self) -> Optional[int]:
+        """Runnable threads now (this one included), or None if unknown."""
+        try:
+            if self._fd is None:
+                self._fd = os.open(_LOADAVG, os.O_RDONLY | os.O_CLOEXEC)
+            line = os.pread(self._fd, 128, 0)
+        except OSError:
+            return None
+        self.readings += 1
+        return parse_runnable(line)
+
+    def forget(self) -> None:
+        """Read afresh at the next question (tests, and a changed configuration)."""
+        self._read_at = -1.0
+
+    def forked(self) -> None:
+        """In a forked child: its own reading (the descriptor itself may be shared)."""
+        self._read_at = -1.0
+        self.readings = 0
+
+
+def parse_runnable(line: bytes) -> Optional[int]:
+    """The runnable-threads count of a ``/proc/loadavg`` line (``b"0.52 0.58 0.59 3/812
+    5471"`` -> 3), or None if the line has another shape."""
+    fields: List[bytes] = line.split()
+    if len(fields) < 4 or b"/" not in fields[3]:
+        return None
+    running = fields[3].split(b"/", 1)[0]
+    return int(running) if running.isdigit() else None
+
+
+_runnable = _RunnableThreads()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_runnable.forked)
+
+
+def core_to_spare() -> bool:
+    """Whether every runnable thread of the machine, this one included, has a CPU this
+    process may use (rule 1): a spin then delays nobody."""
+    return _runnable.spare()
+
+
+def runnable_readings() -> int:
+    """How many times this process has read the machine's runnable threads."""
+    return _runnable.readings
+
+
+def forget_reading() -> None:
+    """Make the next :func:`core_to_spare` read the machine's state afresh."""
+    _runnable.forget()
+
+
 @functools.lru_cache(maxsize=None)
-def several_cpus() -> bool:
-    """Whether this process may run on more than one CPU (else spinning only delays
-    the peer it waits for)."""
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity, capped by its cgroup's CPU quota."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (cpus or 1) > 1
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        cpus = min(cpus or 1, max(1, int(quota)))
+    return max(1, cpus or 1)
 
 
-__all__ = ["spin_budget", "several_cpus", "worth_spinning", "SLOW_PEER_SPINS"]
+def _cgroup_cpu_quota() -> Optional[float]:
+    """CPUs' worth of time the cgroup of this process may use (``--cpus`` of a
+    container, a Slurm or systemd CPU quota), or None when unlimited or unknown."""
+    for path in ("/sys/fs/cgroup/cpu.max",):   # cgroup v2, as seen from inside the group
+        try:
+            with open(path) as fh:
+                quota, period = fh.read().split()[:2]
+        except (OSError, ValueError):
+            continue
+        return None if quota == "max" else int(quota) / int(period)
+    try:   # cgroup v1
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as fh:
+            quota_us = int(fh.read())
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as fh:
+            period_us = int(fh.read())
+    except (OSError, ValueError):
+        return None
+    return None if quota_us <= 0 else quota_us / period_us
+
+
+__all__ = ["spin_budget", "worth_spinning", "should_spin", "spin_for", "core_to_spare",
+           "usable_cpus", "parse_runnable", "runnable_readings", "forget_reading",
+           "SLOW_PEER_SPINS", "RECHECK_S"]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import hmac
-import os
 import select
 import socket
 import threading
@@ -29,7 +28,7 @@ from .auth import (NONCE_BYTES, PROOF_BYTES, Signer, Verifier, fresh_nonce, proo
 from .framing import (FrameReader, Message, drop_written, encode, encode_one, first_pieces,
                       write_all)
 from .sockets import Address, connect, recv_exact, tune
-from .spin import worth_spinning
+from .spin import should_spin, spin_for
 
 OK, REFUSED, NOT_HERE = b"\x01", b"\x02", b"\x03"
 SETUP_TIMEOUT = 10.0
@@ -207,8 +206,8 @@ class Stream(_Authenticated):
         if self._pending:
             return self._pending.pop(0)
         started = time.perf_counter()
-        if timeout != 0 and worth_spinning(self._last_wait, self.spin):
-            self._spin_read(started, self.spin if timeout is None else min(self.spin, timeout))
+        if timeout != 0 and should_spin(self._last_wait, self.spin):
+            spin_for(self._spin_read, self.spin if timeout is None else min(self.spin, timeout))
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._pending:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -218,19 +217,11 @@ class Stream(_Authenticated):
         self._last_wait = time.perf_counter() - started
         return self._pending.pop(0)
 
-    def _spin_read(self, started: float, budget: float) -> None:
-        """Try to read for up to ``budget`` seconds without sleeping, yielding the core
-        between tries."""
-        until = started + budget
-        readable = self._readable.poll
-        while True:
-            if readable(0):   # a poll costs less than a read that finds nothing
-                self._pending.extend(self._reader.read())
-                if self._pending:
-                    return
-            if time.perf_counter() >= until:
-                return
-            os.sched_yield()
+    def _spin_read(self) -> bool:
+        """Read what arrived, without waiting; whether a message is pending now."""
+        if self._readable.poll(0):   # a poll costs less than a read that finds nothing
+            self._pending.extend(self._reader.read())
+        return bool(self._pending)
 
     def peer_hung_up(self) -> bool:
         """True once the peer closed its end; ignores messages it sent ahead, so a
