@@ -46,7 +46,7 @@ def encode_one(signer: Signer, kind: bytes, frame: bytes) -> bytes:
     """Frame and sign a message of one ``bytes`` frame under 64 KiB (the common small
     message): one piece."""
     signed = _HEAD_ONE.pack(kind, 1, len(frame)) + frame
-    return signed + signer.sign(signed)
+    return signed + signer.sign_one(signed)
 
 
 def encode(signer: Signer, kind: bytes, frames: Sequence[Any]) -> List[Any]:
@@ -159,15 +159,20 @@ class FrameReader:
         """
         if self._big is not None:
             return self._read_big()
-        scratch, view = _scratch_buffer()
-        n = _receive(self.sock, scratch)
-        if not n:
+        scratch, view = getattr(_scratch, "pair", None) or _scratch_buffer()
+        try:
+            n = self.sock.recv_into(scratch)
+        except (BlockingIOError, InterruptedError):
             return []
+        except OSError as exc:
+            raise EOFError(str(exc)) from None
+        if not n:
+            raise EOFError("the peer closed the stream")
         if not self._buf and n > _HEAD_ONE.size:   # the usual case: one small message
             kind, count, size = _HEAD_ONE.unpack_from(scratch)
             signed_end = _HEAD_ONE.size + size
             if count == 1 and n == signed_end + MAC_BYTES:
-                self._verifier.check(view[signed_end:n], view[:signed_end])
+                self._verifier.check_one(view[signed_end:n], view[:signed_end])
                 return [(kind, [bytes(view[_HEAD_ONE.size:signed_end])])]
         if self._buf:
             self._buf += view[:n]
