@@ -43,16 +43,19 @@ _PLAIN_TYPES = frozenset((bytes, bytearray, str, int, float, bool, type(None), c
 _SCALAR_TYPES = frozenset((bytes, str, int, float, bool, type(None), complex))
 
 
-def _is_plain_ndarray(obj: Any) -> bool:
-    """A numpy array without Python objects inside (numpy is not imported for this)."""
+def _is_plain_numpy(obj: Any) -> bool:
+    """A numpy scalar, or an array without Python objects inside (numpy's own types: a
+    subclass from the user's code may need cloudpickle; numpy is not imported here)."""
     kind = type(obj)
-    return (kind.__name__ == "ndarray" and kind.__module__ == "numpy"
-            and not obj.dtype.hasobject)
+    if kind.__module__ != "numpy":
+        return False
+    return kind.__name__ != "ndarray" or not obj.dtype.hasobject
 
 
 def _is_plain(obj: Any, budget: int = 64) -> bool:
-    """True for data the C pickler handles alone: built-in scalars, plain numpy arrays,
-    and small tuples, lists and dicts of them (at most ``budget`` items looked at)."""
+    """True for data the C pickler handles alone: built-in scalars, numpy scalars and
+    plain arrays, and small tuples, lists and dicts of them (at most ``budget`` items
+    looked at)."""
     return _plain_within(obj, [budget])
 
 
@@ -60,16 +63,25 @@ def _plain_within(obj: Any, budget: list) -> bool:
     kind = type(obj)
     if kind in _PLAIN_TYPES:
         return True
-    if kind.__name__ == "ndarray":
-        return _is_plain_ndarray(obj)
-    if kind in (tuple, list):
+    if kind is tuple or kind is list:
         budget[0] -= len(obj)
-        return budget[0] >= 0 and all(_plain_within(item, budget) for item in obj)
+        if budget[0] < 0:
+            return False
+        for item in obj:
+            if type(item) not in _PLAIN_TYPES and not _plain_within(item, budget):
+                return False
+        return True
     if kind is dict:
         budget[0] -= 2 * len(obj)
-        return budget[0] >= 0 and all(
-            type(key) in _PLAIN_TYPES and _plain_within(value, budget) for key, value in obj.items())
-    return False
+        if budget[0] < 0:
+            return False
+        for key, value in obj.items():
+            if type(key) not in _PLAIN_TYPES:
+                return False
+            if type(value) not in _PLAIN_TYPES and not _plain_within(value, budget):
+                return False
+        return True
+    return _is_plain_numpy(obj)
 
 
 _DYNAMIC_CODE = "<dynamic-code>"
@@ -170,6 +182,12 @@ def _cloudpickle(obj: Any, buffer_callback: Any = None) -> bytes:
 
 def dumps(obj: Any) -> Frames:
     """Serialize ``obj`` to frames; large buffers are separate, uncopied frames."""
+    kind = type(obj)
+    if kind in _SCALAR_TYPES:  # the common small message: no buffers to keep out
+        return [pickle.dumps(obj, protocol=5)]
+    if (kind is list or kind is tuple) and len(obj) <= 8 \
+            and _SCALAR_TYPES.issuperset(map(type, obj)):
+        return [pickle.dumps(obj, protocol=5)]   # a chunk or arguments of a few scalars
     buffers: Frames = []
 
     def keep_out_of_band(buf: pickle.PickleBuffer) -> bool:
@@ -179,12 +197,6 @@ def dumps(obj: Any) -> Frames:
         buffers.append(view)
         return False
 
-    kind = type(obj)
-    if kind in _SCALAR_TYPES:  # the common small message: no buffers to keep out
-        return [pickle.dumps(obj, protocol=5)]
-    if (kind is list or kind is tuple) and len(obj) <= 8 \
-            and all([type(item) in _SCALAR_TYPES for item in obj]):
-        return [pickle.dumps(obj, protocol=5)]   # a chunk or arguments of a few scalars
     if _is_plain(obj):
         stream = pickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
     else:
