@@ -1,0 +1,39 @@
+"""The serialization seam: plain data takes the C pickler, the rest cloudpickle."""
+import pickle
+
+import numpy as np
+
+from fiberrl import reduction
+
+
+class _Subclass(np.ndarray):
+    """A user's ndarray subclass: its class may live in __main__, so it is not plain."""
+
+
+def test_numpy_scalars_and_plain_arrays_are_plain_data():
+    # gymnasium's AsyncVectorEnv sends ("step", np.int64(action)) every step
+    for obj in (("step", np.int64(1)), np.float32(2.5), np.bool_(True), {"a": [np.int8(3)]},
+                np.zeros(3), ((None, 1.0, False, False, {}), True)):
+        assert reduction._is_plain(obj), obj
+    for obj in (np.array([object()]), np.zeros(2).view(_Subclass), [lambda: 1], {1.5j: object()}):
+        assert not reduction._is_plain(obj), obj
+
+
+def test_plain_data_round_trips_through_the_c_pickler():
+    message = ("step", np.int64(7), {"obs": np.arange(4.0)})
+    frames = reduction.dumps(message)
+    assert len(frames) == 1
+    assert b"cloudpickle" not in frames[0]
+    back = reduction.loads(frames)
+    assert back[0] == "step" and back[1] == 7 and type(back[1]) is np.int64
+    assert (back[2]["obs"] == np.arange(4.0)).all()
+    assert pickle.loads(frames[0])[1] == 7
+
+
+def test_large_arrays_travel_out_of_band_and_other_objects_by_cloudpickle():
+    big = np.ones(100_000)
+    frames = reduction.dumps({"big": big, "scalar": np.float64(1.0)})
+    assert len(frames) == 2 and memoryview(frames[1]).nbytes == big.nbytes
+    assert (reduction.loads(frames)["big"] == big).all()
+    square = reduction.loads(reduction.dumps(lambda x: x * x))   # by value
+    assert square(3) == 9
