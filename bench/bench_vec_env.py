@@ -1,0 +1,178 @@
+"""RL's hot path: vector envs stepped over pipes, fiberrl beside the stdlib, idle or loaded.
+
+    python bench/bench_vec_env.py [--envs 2,4] [--busy-us 0,300] [--steps 2000] [--runs 3]
+                                  [--load N] [--ppo] [--ppo-steps 20000]
+
+For every number of envs and env step cost (CartPole-v1, plus a busy wait of
+``--busy-us`` microseconds per step), interleaved runs of:
+
+- ``AVE fork``: gymnasium's ``AsyncVectorEnv`` (defaults: shared memory, one pipe per
+  env) on the stdlib's fork context, the peer;
+- ``AVE spawn``: the same on the stdlib's spawn context (fresh interpreters, as
+  fiberrl's jobs are), for reference;
+- ``AVE fiberrl``: the same with its ``multiprocessing`` bound to fiberrl
+  (``import fiberrl as multiprocessing``); target >= 0.9x AVE fork;
+- ``PVE fiberrl``: ``rl``'s own :class:`rl.envs.ProcessVectorEnv` (one fiberrl process
+  per env); target >= 1.0x AVE fork.
+
+Each run is a fresh interpreter; the table gives median steps/s over all envs and the
+CPU of the whole process tree per 1,000 env steps. ``--ppo`` adds ``fiberrl train ppo``
+on ``SlowCartPole-v1`` (300 us per step) with ``--workers 2`` against ``--workers 0``
+(target >= 1.5x). ``--load N`` runs it all with N CPU-bound processes alongside.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from machine_load import add_load_option, cpu_load, describe  # noqa: E402
+
+TARGETS = ("AVE fork", "AVE spawn", "AVE fiberrl", "PVE fiberrl")
+GOALS = {"AVE fiberrl": 0.9, "PVE fiberrl": 1.0}
+
+
+def one_run(target: str, envs: int, steps: int, busy_us: float) -> dict:
+    """Step ``envs`` envs ``steps`` times under ``target`` in this interpreter."""
+    import multiprocessing
+    import types
+
+    import numpy as np
+    import psutil
+
+    import slow_envs
+
+    def tree_cpu() -> float:
+        me = psutil.Process()
+        total = sum(me.cpu_times()[:2])
+        for child in me.children(recursive=True):
+            try:
+                total += sum(child.cpu_times()[:2])
+            except psutil.Error:
+                pass
+        return total
+
+    make = [lambda: slow_envs.make_slow_cartpole(busy_us) for _ in range(envs)]
+    if target == "PVE fiberrl":
+        from rl.envs import ProcessVectorEnv
+        env = ProcessVectorEnv("slow_envs:SlowCartPole-v1", envs, seed=0, busy_us=busy_us)
+        env.reset(seed=0)
+        step = env.step
+    else:
+        from gymnasium.vector import AsyncVectorEnv
+        from gymnasium.vector import async_vector_env
+        context = target.split()[1]
+        if context == "fiberrl":
+            import fiberrl
+            view = types.ModuleType("multiprocessing")
+            view.__dict__.update({k: getattr(multiprocessing, k) for k in dir(multiprocessing)
+                                  if not k.startswith("__")})
+            view.get_context = lambda method=None: fiberrl.get_context()
+            async_vector_env.multiprocessing = view
+            context = None
+        env = AsyncVectorEnv(make, context=context)
+        env.reset(seed=0)
+        step = env.step
+    actions = np.random.default_rng(0).integers(0, 2, size=(steps + 50, envs))
+    for i in range(50):
+        step(actions[i])
+    cpu, started = tree_cpu(), time.perf_counter()
+    for i in range(steps):
+        step(actions[50 + i])
+    wall = time.perf_counter() - started
+    cpu = tree_cpu() - cpu
+    env.close()
+    return {"steps_per_s": envs * steps / wall, "cpu_ms_per_1k": cpu / (envs * steps) * 1e6}
+
+
+def run_fresh(target: str, envs: int, steps: int, busy_us: float) -> dict:
+    """:func:`one_run` in a fresh interpreter (cwd: a temporary directory)."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", target,
+                          str(envs), str(steps), str(busy_us)], capture_output=True,
+                         text=True, timeout=600, cwd=tempfile.gettempdir(),
+                         env={**os.environ, "PYTHONPATH": HERE + os.pathsep
+                              + os.environ.get("PYTHONPATH", "")})
+    if out.returncode:
+        raise RuntimeError(f"{target} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def vector_envs(args: argparse.Namespace) -> None:
+    print(f"{'envs':>4} {'busy us':>7}  " + "  ".join(f"{t:>20}" for t in TARGETS))
+    for envs in args.envs:
+        for busy_us in args.busy_us:
+            results = {t: [] for t in TARGETS}
+            for _ in range(args.runs):   # interleaved: the machine's state drifts
+                for target in TARGETS:
+                    results[target].append(run_fresh(target, envs, args.steps, busy_us))
+            med = {t: (statistics.median(r["steps_per_s"] for r in results[t]),
+                       statistics.median(r["cpu_ms_per_1k"] for r in results[t]))
+                   for t in TARGETS}
+            cells = "  ".join(f"{rate:>9.0f}/s {cpu:>5.0f} ms" for rate, cpu in med.values())
+            print(f"{envs:>4} {busy_us:>7.0f}  {cells}")
+            peer = med["AVE fork"][0]
+            for target, goal in GOALS.items():
+                ratio = med[target][0] / peer
+                runs = " ".join(f"{r['steps_per_s']:.0f}" for r in results[target])
+                print(f"{'':>14}{target} / AVE fork: {ratio:.2f}x (target >= {goal}: "
+                      f"{'met' if ratio >= goal else 'NOT met'}); runs {runs}; fork runs "
+                      + " ".join(f"{r['steps_per_s']:.0f}" for r in results["AVE fork"]))
+
+
+def ppo_workers(args: argparse.Namespace) -> None:
+    """``fiberrl train ppo`` on a 300 us env, 2 env processes against none."""
+    fiberrl_cli = os.path.join(os.path.dirname(sys.executable), "fiberrl")
+    times = {0: [], 2: []}
+    for _ in range(2):
+        for workers in (0, 2):
+            with tempfile.TemporaryDirectory() as out:
+                started = time.perf_counter()
+                subprocess.run([fiberrl_cli, "train", "ppo", "--env", "slow_envs:SlowCartPole-v1",
+                                "--total-steps", str(args.ppo_steps), "--workers", str(workers),
+                                "--eval-every", str(args.ppo_steps * 10), "--eval-episodes", "1",
+                                "--no-progress", "--seed", "0", "--out", os.path.join(out, "run")],
+                               check=True, capture_output=True, cwd=out,
+                               env={**os.environ, "PYTHONPATH": HERE})
+                times[workers].append(time.perf_counter() - started)
+    w0, w2 = statistics.median(times[0]), statistics.median(times[2])
+    print(f"fiberrl train ppo, SlowCartPole-v1 (300 us steps), {args.ppo_steps} steps, 4 envs: "
+          f"--workers 0 {w0:.1f} s, --workers 2 {w2:.1f} s: {w0 / w2:.2f}x "
+          f"(target >= 1.5: {'met' if w0 / w2 >= 1.5 else 'NOT met'}); runs "
+          f"{[round(t, 1) for t in times[0]]} / {[round(t, 1) for t in times[2]]}")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--one":
+        target, envs, steps, busy_us = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \
+            float(sys.argv[5])
+        print(json.dumps(one_run(target, envs, steps, busy_us)))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", type=lambda s: [int(v) for v in s.split(",")], default=[2, 4])
+    parser.add_argument("--busy-us", type=lambda s: [float(v) for v in s.split(",")],
+                        default=[0.0, 300.0])
+    parser.add_argument("--steps", type=int, default=2000, help="vector steps per run")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--ppo", action="store_true", help="also fiberrl train ppo --workers")
+    parser.add_argument("--ppo-steps", type=int, default=20000)
+    parser.add_argument("--no-vec", action="store_true", help="skip the vector-env table")
+    add_load_option(parser)
+    args = parser.parse_args()
+    print(describe(args.load))
+    with cpu_load(args.load):
+        if not args.no_vec:
+            vector_envs(args)
+        if args.ppo:
+            ppo_workers(args)
+
+
+if __name__ == "__main__":
+    main()
