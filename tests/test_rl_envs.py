@@ -4,7 +4,7 @@ order kept) for members in this process and in fiberrl processes."""
 import numpy as np
 import pytest
 
-pytest.importorskip("gymnasium")
+gym = pytest.importorskip("gymnasium")
 
 from rl.envs import (Gridworld, InProcessVectorEnv, OldGymAdapter, ProcessVectorEnv,  # noqa: E402
                      make_env, make_vector_env, optimal_q, reward_threshold)
@@ -152,3 +152,49 @@ def test_make_vector_env_rejects_bad_sizes_and_action_counts():
         env.reset(seed=0)
         with pytest.raises(ValueError, match="expected 2 actions"):
             env.step([0])
+
+
+def test_step_codec_round_trips_numbers_and_declines_the_rest():
+    from rl.envs import step_codec
+    obs = [np.arange(4, dtype=np.float64), np.ones(4)]   # the env's dtype is kept
+    raw = step_codec.encode_answer(obs, [1.0, -2.5], bytearray([0, step_codec.TRUNCATED]),
+                                   [np.full(4, 7.0)])
+    got, rewards, terminated, truncated, final = step_codec.decode_answer(b"s" + raw, 1)
+    assert got.dtype == np.float64 and np.array_equal(got, np.stack(obs))
+    got[0, 0] = 9.0   # the caller owns the arrays
+    assert rewards.tolist() == [1.0, -2.5]
+    assert terminated.tolist() == [False, False] and truncated.tolist() == [False, True]
+    assert final[0] is None and np.array_equal(final[1], np.full(4, 7.0))
+    actions = np.array([[0.5, -1.0]], np.float32)
+    back = step_codec.decode_actions(b"s" + step_codec.encode_actions(actions), 1)
+    assert back.dtype == np.float32 and np.array_equal(back, actions)
+    # dict observations, ragged ones, finals of another shape and object actions: pickles
+    assert step_codec.encode_answer([{"a": 1}], [0.0], bytearray(1), []) is None
+    assert step_codec.encode_answer([np.ones(2), np.ones(3)], [0.0, 0.0], bytearray(2), []) is None
+    assert step_codec.encode_answer([np.ones(2)], [0.0], bytearray([1]), [np.ones(3)]) is None
+    assert step_codec.encode_actions(np.array([object()])) is None
+
+
+class _DictObsEnv(gym.Env):
+    """A dict observation space: the pickled path of ProcessVectorEnv."""
+    observation_space = gym.spaces.Dict({"x": gym.spaces.Box(-1, 1, (2,))})
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return {"x": np.zeros(2, np.float32)}, {}
+
+    def step(self, action):
+        self.t += 1
+        return {"x": np.full(2, self.t, np.float32)}, 1.0, self.t >= 3, False, {}
+
+
+def test_process_vector_env_steps_dict_observations_by_pickle():
+    with ProcessVectorEnv(_DictObsEnv, 2) as env:
+        env.reset(seed=0)
+        for t in range(1, 4):
+            obs, rewards, terminated, truncated, info = env.step([0, 1])
+        assert terminated.tolist() == [True, True]
+        assert [f["x"].tolist() for f in info["final_obs"]] == [[3.0, 3.0], [3.0, 3.0]]
+        assert info["episodes"] == [(0, 3.0, 3), (1, 3.0, 3)]

@@ -15,43 +15,60 @@ member order. The contract (same-step autoreset, ``final_obs``, ``episodes``) is
 the one in :mod:`rl.envs.vector`. A process that dies or stops answering within
 ``timeout`` seconds is a ``RuntimeError`` naming the members it held; ``close``
 stops every process.
+
+A step is the hot path of every on-policy algorithm, so arrays of numbers travel as
+raw bytes (:mod:`rl.envs.step_codec`): the actions' buffer one way; the observations,
+rewards and done flags in one buffer the other way, with the final observations of
+the members whose episode ended appended. Anything else (dict or tuple observations,
+object arrays) and the rare requests (reset, spaces, close) are pickles. Every
+message starts with a one-byte request or answer code.
 """
 from __future__ import annotations
 
 import logging
 import math
+import pickle
 from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
 import fiberrl
 
+from . import step_codec
 from .make import EnvSpec, make_env
 from .vector import EpisodeTally, StepResult, VectorEnv
 
 logger = logging.getLogger(__name__)
 
+_STEP, _STEP_PICKLED, _RESET, _SPACES, _CLOSE = b"s", b"S", b"r", b"p", b"c"
+
 
 def _serve_members(conn: Any, spec: EnvSpec, count: int, kwargs: dict) -> None:
-    """Worker loop: build ``count`` envs and answer ``reset``/``step``/``close`` requests."""
+    """Worker loop: build ``count`` envs and answer reset/step/spaces/close requests."""
     envs = [make_env(spec, **kwargs) for _ in range(count)]
     try:
         while True:
-            command, payload = conn.recv()
-            if command == "step":
-                conn.send(_step_members(envs, payload))
-            elif command == "reset":
-                conn.send(np.stack([env.reset(seed=s)[0] for env, s in zip(envs, payload)]))
-                if payload[0] is not None:
-                    for env, s in zip(envs, payload):
+            request = conn.recv_bytes()
+            code = request[:1]
+            if code == _STEP:
+                conn.send_bytes(_step(envs, step_codec.decode_actions(request, 1)))
+            elif code == _STEP_PICKLED:
+                conn.send_bytes(_step(envs, pickle.loads(request[1:])))
+            elif code == _RESET:
+                seeds = pickle.loads(request[1:])
+                obs = np.stack([env.reset(seed=s)[0] for env, s in zip(envs, seeds)])
+                if seeds[0] is not None:
+                    for env, s in zip(envs, seeds):
                         env.action_space.seed(s)
-            elif command == "spaces":
-                conn.send((envs[0].observation_space, envs[0].action_space))
-            elif command == "close":
-                conn.send(None)
+                conn.send_bytes(_RESET + pickle.dumps(obs, pickle.HIGHEST_PROTOCOL))
+            elif code == _SPACES:
+                conn.send_bytes(_SPACES + pickle.dumps(
+                    (envs[0].observation_space, envs[0].action_space), pickle.HIGHEST_PROTOCOL))
+            elif code == _CLOSE:
+                conn.send_bytes(_CLOSE)
                 return
             else:
-                raise ValueError(f"unknown command {command!r}")
+                raise ValueError(f"unknown request {code!r}")
     except EOFError:
         return
     finally:
@@ -59,20 +76,24 @@ def _serve_members(conn: Any, spec: EnvSpec, count: int, kwargs: dict) -> None:
             env.close()
 
 
-def _step_members(envs: list, actions: Sequence[Any]) -> tuple:
-    observations, rewards, terminated, truncated, final_obs = [], [], [], [], []
-    for env, action in zip(envs, actions):
+def _step(envs: list, actions: Sequence[Any]) -> bytes:
+    """Step every member (resetting those whose episode ended); the answer's bytes."""
+    observations, rewards, flags, finals = [], [], bytearray(len(envs)), []
+    for i, (env, action) in enumerate(zip(envs, actions)):
         obs, reward, term, trunc, _ = env.step(action)
-        final = None
         if term or trunc:
-            final = obs
+            flags[i] = (step_codec.TERMINATED if term else 0) | (step_codec.TRUNCATED if trunc else 0)
+            finals.append(obs)
             obs, _ = env.reset()
         observations.append(obs)
         rewards.append(reward)
-        terminated.append(term)
-        truncated.append(trunc)
-        final_obs.append(final)
-    return np.stack(observations), rewards, terminated, truncated, final_obs
+    raw = step_codec.encode_answer(observations, rewards, flags, finals)
+    if raw is not None:
+        return _STEP + raw
+    final_obs = iter(finals)
+    return _STEP_PICKLED + pickle.dumps(
+        (observations, rewards, flags, [next(final_obs) if f else None for f in flags]),
+        pickle.HIGHEST_PROTOCOL)
 
 
 class ProcessVectorEnv(VectorEnv):
@@ -102,17 +123,17 @@ class ProcessVectorEnv(VectorEnv):
                 child_end.close()
                 self.conns.append(parent_end)
                 self.procs.append(proc)
-            self.observation_space, self.action_space = self._ask(0, ("spaces", None))
+            self.observation_space, self.action_space = self._ask(0, _SPACES)
         except BaseException:
             self.close()
             raise
         self._tally = EpisodeTally(self.num_envs)
 
-    def _ask(self, index: int, message: tuple) -> Any:
-        self.conns[index].send(message)
-        return self._answer(index)
+    def _ask(self, index: int, code: bytes, payload: Any = None) -> Any:
+        self.conns[index].send_bytes(code + pickle.dumps(payload, pickle.HIGHEST_PROTOCOL))
+        return pickle.loads(self._answer(index)[1:])
 
-    def _answer(self, index: int) -> Any:
+    def _answer(self, index: int) -> bytes:
         conn, proc, part = self.conns[index], self.procs[index], self.slices[index]
         waited = 0.0
         while not conn.poll(1.0):
@@ -123,20 +144,32 @@ class ProcessVectorEnv(VectorEnv):
                 raise RuntimeError(f"env members {part.start}..{part.stop - 1} ({proc.name}) did not "
                                    f"answer within {self.timeout:.0f} s")
         try:
-            return conn.recv()
+            return conn.recv_bytes()
         except EOFError:
             proc.join(5)
             raise RuntimeError(f"the process of env members {part.start}..{part.stop - 1} "
                                f"({proc.name}) died with exit code {proc.exitcode}") from None
+
+    def _step_answer(self, index: int) -> tuple:
+        """``(obs, rewards, terminated, truncated, final_obs)`` of one process's members,
+        arrays the caller owns."""
+        data = self._answer(index)
+        if data[:1] == _STEP:
+            return step_codec.decode_answer(data, 1)
+        observations, rewards, flags, final_obs = pickle.loads(data[1:])
+        flags = np.frombuffer(bytes(flags), np.uint8)
+        return (np.stack(observations), np.asarray(rewards, np.float64),
+                (flags & step_codec.TERMINATED).astype(bool),
+                (flags & step_codec.TRUNCATED).astype(bool), final_obs)
 
     def reset(self, seed: Optional[int] = None) -> np.ndarray:
         """Reset every member (member ``i`` with ``seed + i``)."""
         seed = self.seed if seed is None else seed
         for conn, part in zip(self.conns, self.slices):
             seeds = [None if seed is None else seed + i for i in range(part.start, part.stop)]
-            conn.send(("reset", seeds))
+            conn.send_bytes(_RESET + pickle.dumps(seeds, pickle.HIGHEST_PROTOCOL))
         self._tally = EpisodeTally(self.num_envs)
-        return np.concatenate([self._answer(i) for i in range(len(self.conns))])
+        return np.concatenate([pickle.loads(self._answer(i)[1:]) for i in range(len(self.conns))])
 
     def step(self, actions: Sequence[Any]) -> StepResult:
         """Step every member in parallel; results in member order."""
@@ -144,28 +177,28 @@ class ProcessVectorEnv(VectorEnv):
             raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
         actions = np.asarray(actions)
         for conn, part in zip(self.conns, self.slices):
-            conn.send(("step", actions[part]))
-        observations, rewards, terminated, truncated, final_obs = [], [], [], [], []
-        for i in range(len(self.conns)):
-            obs, rew, term, trunc, final = self._answer(i)
-            observations.append(obs)
-            rewards.extend(rew)
-            terminated.extend(term)
-            truncated.extend(trunc)
-            final_obs.extend(final)
-        terminated_arr = np.asarray(terminated, bool)
-        truncated_arr = np.asarray(truncated, bool)
-        rewards_arr = np.asarray(rewards, np.float64)
-        info = {"episodes": self._tally.add(rewards_arr, terminated_arr | truncated_arr)}
-        if any(f is not None for f in final_obs):
+            raw = step_codec.encode_actions(actions[part])
+            conn.send_bytes(_STEP + raw if raw is not None else
+                            _STEP_PICKLED + pickle.dumps(actions[part], pickle.HIGHEST_PROTOCOL))
+        answers = [self._step_answer(i) for i in range(len(self.conns))]
+        if len(answers) == 1:
+            obs, rewards, terminated, truncated, final_obs = answers[0]
+        else:
+            obs = np.concatenate([a[0] for a in answers])
+            rewards = np.concatenate([a[1] for a in answers])
+            terminated = np.concatenate([a[2] for a in answers])
+            truncated = np.concatenate([a[3] for a in answers])
+            final_obs = [f for a in answers for f in a[4]]
+        info = {"episodes": self._tally.add(rewards, terminated | truncated)}
+        if info["episodes"]:
             info["final_obs"] = final_obs
-        return np.concatenate(observations), rewards_arr, terminated_arr, truncated_arr, info
+        return obs, rewards, terminated, truncated, info
 
     def close(self) -> None:
         """Ask every process to stop, then make sure it has."""
         for conn in self.conns:
             try:
-                conn.send(("close", None))
+                conn.send_bytes(_CLOSE)
             except (OSError, ValueError, EOFError):
                 pass
         for proc in self.procs:

@@ -41,6 +41,8 @@ class EpisodeTally:
         """Count one step; returns ``(member, return, length)`` of the episodes that ended."""
         self.returns += rewards
         self.lengths += 1
+        if not done.any():
+            return []
         ended = []
         for i in np.flatnonzero(done):
             ended.append((int(i), float(self.returns[i]), int(self.lengths[i])))
