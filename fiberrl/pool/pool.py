@@ -35,7 +35,7 @@ from .dispatch import MAX_BATCH, Dispatcher
 from .limits import ensure_fd_room
 from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable
 from .supervisor import Supervisor
-from .imap import IMapIterator
+from .imap import IMapIterator, feed
 from .tasks import (APPLY, MAP, SCALAR_TYPES, STARMAP, ApplyResult, FunctionTable, MapResult, Task,
                     chunks)
 
@@ -183,7 +183,6 @@ class Pool:
         ensure_fd_room(processes)  # a clear error here, not EMFILE in a thread later
         self._processes = processes
         self._window = 4 * processes + 32
-        ensure_fd_room(processes)  # a clear error here, not EMFILE in a thread later
         if not isinstance(arg_cache_bytes, int) or arg_cache_bytes < 0:
             raise ValueError(f"arg_cache_bytes must be a non-negative int, got {arg_cache_bytes!r}")
         self._core = _PoolCore(processes, options, retries, timeout, idle_timeout)
@@ -423,7 +422,7 @@ class Pool:
         core = self._core
         total = len(iterable) if hasattr(iterable, "__len__") else None
         result = IMapIterator(core, func, ordered, self._window, progress, total)
-        feeder = threading.Thread(target=_feed, args=(core, result, iter(iterable), chunksize,
+        feeder = threading.Thread(target=feed, args=(core, result, iter(iterable), chunksize,
                                                       MAP),
                                   name=f"fiberrl-{core.name}-feeder", daemon=True)
         core.feeders.add(feeder)
@@ -439,37 +438,3 @@ def _check_count(value: Any, name: str, allow_zero: bool = False) -> None:
         raise TypeError(f"{wanted}, got {type(value).__name__} {value!r}")
     if value < (0 if allow_zero else 1):
         raise ValueError(f"{wanted}, got {value!r}")
-
-
-def _feed(core: _PoolCore, result: IMapIterator, iterator, chunksize: int, mode: int) -> None:
-    """Read an imap's input a bounded window ahead of its consumer (feeder thread)."""
-    dispatcher = core.dispatcher
-    closing = lambda: core.state != RUN  # noqa: E731
-    stopped = lambda: core.state == TERMINATE  # noqa: E731
-    index = 0
-    try:
-        while result._wait_for_room(index, closing, stopped):
-            try:
-                chunk = list(itertools.islice(iterator, chunksize))
-            except Exception as exc:
-                result._input_failed(index, exc)
-                dispatcher.submit(result, [], True)
-                return
-            if not chunk:
-                break
-            try:
-                task = result._make_task(index, mode, chunk, len(chunk), index * chunksize)
-            except Exception as exc:
-                result._input_failed(index, exc)
-                dispatcher.submit(result, [], True)
-                return
-            dispatcher.submit(result, [task], False)
-            index += 1
-        result._input_done(index)
-        dispatcher.submit(result, [], True)
-    except BaseException as exc:  # noqa: BLE001 - the consumer must hear of it
-        logger.exception("imap feeder failed")
-        result._abort(exc)
-        dispatcher.submit(result, [], True)
-    if stopped():
-        result._abort(PoolTerminatedError("the pool was terminated"))
