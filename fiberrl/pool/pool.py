@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, List, Mapping, Optional
 
 from .. import reduction, resources
 from ..config import get_config
-from ..errors import PoolTerminatedError
+from ..errors import PoolTerminatedError, TimeoutError
 from .callbacks import CallbackRunner
 from .dispatch import MAX_BATCH, Dispatcher
 from .limits import ensure_fd_room
@@ -315,6 +315,43 @@ class Pool:
         core = self._core
         core.dispatcher.call_soon(lambda: setattr(core.dispatcher, "target", processes))
         core.supervisor.request("resize", processes)
+
+    def start_workers(self) -> None:
+        """Start every worker now (Uber Fiber's name).
+
+        Workers start when the pool is made, in the background, so this matters only
+        with ``idle_timeout``, where they otherwise start when work arrives: it starts
+        them all now (they are released again once idle for ``idle_timeout``)."""
+        self._check_running()
+        self._core.supervisor.request("start_workers")
+
+    def wait_until_workers_up(self, timeout: Optional[float] = None) -> None:
+        """Block until every one of the pool's ``processes`` workers is connected and
+        taking tasks (Uber Fiber's name; it also starts them, as :meth:`start_workers`).
+
+        ``timeout`` (seconds, None: no limit): when it expires first,
+        ``multiprocessing.TimeoutError`` (``fiberrl.TimeoutError``) says how many are up.
+        Raises the backend's :class:`~fiberrl.JobFailedError` if workers keep failing
+        to start (as queued tasks do), :class:`~fiberrl.PoolTerminatedError` if the pool
+        stops meanwhile, and ``ValueError`` on a pool that was closed or terminated.
+        """
+        self.start_workers()
+        supervisor = self._core.supervisor
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            up, wanted = supervisor.workers_up(), self._processes
+            if up >= wanted:
+                return
+            if supervisor.start_error is not None:
+                raise supervisor.start_error
+            if self._state != RUN or not supervisor.thread.is_alive():
+                raise PoolTerminatedError("the pool stopped before its workers were up")
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"{up} of the pool's {wanted} workers are up after "
+                                   f"{timeout} s")
+            # (woken within 0.1 s at most, so that Ctrl-C reaches the main thread)
+            supervisor.wait_changed(0.1 if left is None else min(0.1, left))
 
     def workers(self) -> list:
         """The worker process objects currently started (``fiberrl.Process``)."""
