@@ -11,8 +11,11 @@ Threads of a pool (all daemon threads of the caller's process)::
 Delivery guarantee: every task runs to completion at least once; a task whose
 worker died is run again on another worker, so a task may run more than once if
 its worker died after side effects. A task whose workers died ``max_task_retries``
-times fails with :class:`fiberrl.TaskRetryError`; an exception raised by the task
-itself is never retried.
+times fails with :class:`fiberrl.TaskRetryError`. An exception raised by the task
+itself goes to the caller, as with the stdlib, unless the pool was made with
+``error_handling`` (Uber Fiber's meaning): then the task runs again, up to 5 more
+times by default, and the caller gets its last exception only if every run raised
+(see :mod:`.rerun`).
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ from .limits import ensure_fd_room
 from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable
 from .supervisor import Supervisor
 from .imap import IMapIterator, feed
+from .rerun import error_retries_of
 from .tasks import (APPLY, MAP, SCALAR_TYPES, STARMAP, ApplyResult, FunctionTable, MapResult, Task,
                     chunks)
 
@@ -57,6 +61,7 @@ class PoolStats:
     completed: int     #: tasks finished since the pool started
     worker_deaths: int  #: workers lost unexpectedly (crash, kill, missed heartbeat)
     retried: int       #: tasks re-queued after their worker died
+    error_reruns: int = 0  #: tasks run again after they raised (``error_handling``)
     time_limit_replacements: int = 0  #: workers replaced before their job's time limit
     payload_bytes_sent: int = 0  #: bytes of task messages sent to workers (pickled tasks,
     #: functions and large arguments)
@@ -74,14 +79,16 @@ class _PoolCore:
     """Everything the threads share; the :class:`Pool` object only holds this."""
 
     def __init__(self, processes: int, worker_options: dict, max_task_retries: int,
-                 heartbeat_timeout: float, idle_timeout: Optional[float]) -> None:
+                 heartbeat_timeout: float, idle_timeout: Optional[float],
+                 error_retries: int = 0) -> None:
         self.name = f"Pool-{next(_pool_ids)}"
         self.state = RUN
         self.feeders: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
         import queue
         events: "queue.SimpleQueue" = queue.SimpleQueue()
         self.dispatcher = Dispatcher(f"{self.name}-{os.getpid()}-{id(self):x}",
-                                     max_task_retries, heartbeat_timeout, idle_timeout, events)
+                                     max_task_retries, heartbeat_timeout, idle_timeout, events,
+                                     error_retries)
         self.functions = FunctionTable(self.dispatcher.forget_function)
         self.callbacks = CallbackRunner(self.name)
         self.buffers = BufferTable(self.dispatcher.forget_buffer, reduction.OUT_OF_BAND_MIN_BYTES)
@@ -127,6 +134,16 @@ class Pool:
     ``processes`` (default: ``fiberrl.cpu_count()``), ``initializer``/``initargs``,
     ``maxtasksperchild`` and ``context`` are the stdlib's. Keyword-only extras:
 
+    - ``error_handling``: False (the default) gives a task's exception to the caller
+      at once, as the stdlib does. True runs a task that raised again, up to
+      :data:`~fiberrl.pool.rerun.DEFAULT_ERROR_RETRIES` (5) more times, on whichever
+      worker is free (Uber Fiber's ``Pool(error_handling=True)``); an int sets how many
+      more times. Of a map chunk only the items that raised run again. If every run
+      raised, the caller gets the last run's exception, its type unchanged, with notes
+      naming the input item and the number of runs. Deaths of workers are counted
+      apart (``max_task_retries``): a task being run again is in the pending table
+      like any other, and is run again if its worker dies. Use it for tasks that are
+      safe to run twice;
     - ``max_task_retries``: deaths of the workers running a task before it fails
       (default: the ``max_task_retries`` setting, 3);
     - ``heartbeat_timeout``: seconds of silence after which a worker is considered
@@ -149,7 +166,8 @@ class Pool:
 
     def __init__(self, processes: Optional[int] = None, initializer: Optional[Callable[..., Any]] = None,
                  initargs: Iterable[Any] = (), maxtasksperchild: Optional[int] = None,
-                 context: Any = None, *, max_task_retries: Optional[int] = None,
+                 context: Any = None, *, error_handling: "bool | int" = False,
+                 max_task_retries: Optional[int] = None,
                  heartbeat_timeout: Optional[float] = None,
                  idle_timeout: Optional[float] = None, arg_cache_bytes: int = DEFAULT_ARG_CACHE_BYTES,
                  cpu: Optional[float] = None,
@@ -173,19 +191,21 @@ class Pool:
             raise ValueError("heartbeat_timeout must be positive")
         if idle_timeout is not None and idle_timeout <= 0:
             raise ValueError("idle_timeout must be positive or None")
+        error_retries = error_retries_of(error_handling)
         initargs = tuple(initargs)
         if initializer is not None:
             from .. import reduction
             reduction.dumps((initializer, initargs))  # pickling errors surface here
         options = {"initializer": initializer, "initargs": initargs, "maxtasks": maxtasksperchild,
                    "heartbeat_interval": min(cfg.heartbeat_interval, timeout / 4),
+                   "error_handling": error_retries > 0,
                    "resources": resources.validate(cpu, mem, gpu, **hints)}
         ensure_fd_room(processes)  # a clear error here, not EMFILE in a thread later
         self._processes = processes
         self._window = 4 * processes + 32
         if not isinstance(arg_cache_bytes, int) or arg_cache_bytes < 0:
             raise ValueError(f"arg_cache_bytes must be a non-negative int, got {arg_cache_bytes!r}")
-        self._core = _PoolCore(processes, options, retries, timeout, idle_timeout)
+        self._core = _PoolCore(processes, options, retries, timeout, idle_timeout, error_retries)
         self._core.dispatcher.arg_cache_bytes = arg_cache_bytes
         self._finalizer = weakref.finalize(self, _terminate_core, self._core)
 
@@ -370,6 +390,7 @@ class Pool:
                          queued=len(dispatcher.queue), pending=len(dispatcher.pending),
                          completed=dispatcher.completed, worker_deaths=supervisor.worker_deaths,
                          retried=dispatcher.pending.retried,
+                         error_reruns=dispatcher.error_reruns,
                          time_limit_replacements=supervisor.time_limit_replacements,
                          payload_bytes_sent=dispatcher.payload_bytes_sent,
                          cached_arg_sends=dispatcher.cached_arg_sends,
