@@ -101,15 +101,22 @@ class _Receiver:
     def _run(self) -> None:
         while True:
             # epoll sees channels registered while it waits; the timeout covers other selectors
-            for key, _events in self._selector.select(0.5):
-                channel: _Channel = key.data
-                try:
-                    # replies read off the socket together (none once the channel closed)
-                    while channel.on_readable() and channel.more_to_read():
-                        pass
-                except Exception:  # a bug: one broken channel must not stop the others
-                    logger.exception("async manager channel failed; dropping it")
-                    channel.fail(ManagerConnectionError("the asynchronous channel failed"))
+            self._serve(self._selector.select(0.5))
+
+    @staticmethod
+    def _serve(ready: list) -> None:
+        """Read the replies of the ``ready`` channels. (A function of its own, so that no
+        name of the thread's loop keeps the last channel, its proxy and its manager
+        alive after the program dropped them.)"""
+        for key, _events in ready:
+            channel: _Channel = key.data
+            try:
+                # replies read off the socket together (none once the channel closed)
+                while channel.on_readable() and channel.more_to_read():
+                    pass
+            except Exception:  # a bug: one broken channel must not stop the others
+                logger.exception("async manager channel failed; dropping it")
+                channel.fail(ManagerConnectionError("the asynchronous channel failed"))
 
 
 _receiver: Optional[_Receiver] = None

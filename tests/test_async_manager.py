@@ -3,15 +3,18 @@ call returns a handle that is a ``concurrent.futures.Future`` and has
 ``multiprocessing``'s ``AsyncResult`` API; a program using them exits with nothing on
 stderr, whatever it drops first (``tests/async_manager_exit.py``, in subprocesses)."""
 import concurrent.futures
+import gc
 import multiprocessing
 import os
 import subprocess
 import sys
 import time
+import weakref
 
 import pytest
 
 import fiberrl
+import pool_helpers
 from fiberrl.managers import AsyncManager, AsyncProxyResult, BaseManager, dispatch, open_connection
 from fiberrl._sync.connections import GOODBYE
 
@@ -92,6 +95,24 @@ def test_fibers_async_manager_basic_body():
     assert results == [42 for i in range(total)]
     for m in [manager, *managers]:
         m.shutdown()
+
+
+def _use_and_drop_a_manager():
+    manager = CalculatorManager()
+    manager.start()
+    calc = manager.Calculator()
+    assert calc.add(1, 2).get(timeout=60) == 3
+    return weakref.ref(manager), manager._process
+
+
+def test_a_dropped_manager_and_its_async_proxies_are_collected_and_its_server_stops():
+    """Fiber's tests drop their managers without shutting them down, and check that no
+    child is left. The reply thread's loop kept the last channel it served, so that
+    channel's proxy and manager (and the manager's server job) lived on."""
+    manager, server = _use_and_drop_a_manager()
+    assert pool_helpers.wait_until(lambda: gc.collect() >= 0 and manager() is None, 10)
+    server.join(30)
+    assert server.exitcode is not None and fiberrl.active_children() == []
 
 
 def test_a_served_connection_that_says_goodbye_gets_no_reply():
