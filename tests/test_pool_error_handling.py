@@ -19,7 +19,9 @@ GET = 120
 
 
 # -- Fiber's test bodies --------------------------------------------------------------
-def test_fibers_error_handling_map(make_pool):
+@pytest.mark.parametrize("fiberrl_backend", ["local", pytest.param("slurm", marks=pytest.mark.slurm)],
+                         indirect=True)
+def test_fibers_error_handling_map(fiberrl_backend, make_pool):
     pool = make_pool(3, error_handling=True)
     pool.start_workers()
     pool.wait_until_workers_up()
