@@ -42,8 +42,8 @@ from .._runtime.runtime import runtime
 from .._wire.stream import Channel
 from .links import WorkerLink
 from .pending import PendingTable
-from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable, SharedBuffer
 from .rerun import Rerun
+from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable, SharedBuffer
 from .tasks import Task
 from .wire import PoolChannel
 
