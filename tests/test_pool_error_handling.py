@@ -11,6 +11,7 @@ import os
 import pytest
 
 import fiberrl
+import fiberrl.pool
 import pool_helpers
 from fiberrl.pool.rerun import DEFAULT_ERROR_RETRIES
 from pool_helpers import runs_of
@@ -136,6 +137,13 @@ def test_a_death_and_a_raise_are_counted_apart(make_pool, tmp_path):
 def test_bad_error_handling_values(value, error):
     with pytest.raises(error, match="error_handling"):
         fiberrl.Pool(1, error_handling=value)
+
+
+def test_fibers_positional_error_handling_is_refused_not_taken_for_a_context():
+    with pytest.raises(TypeError, match="positional"):
+        fiberrl.Pool(2, None, (), None, True)   # the context's Pool: no fifth argument
+    with pytest.raises(TypeError, match="error_handling=True"):
+        fiberrl.pool.Pool(2, None, (), None, True)   # the class: its fifth is context
 
 
 def _bound(func, *args):

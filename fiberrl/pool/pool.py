@@ -191,6 +191,9 @@ class Pool:
             raise ValueError("heartbeat_timeout must be positive")
         if idle_timeout is not None and idle_timeout <= 0:
             raise ValueError("idle_timeout must be positive or None")
+        if isinstance(context, bool):   # Pool(4, None, (), None, True), written for Fiber
+            raise TypeError("Pool's fifth argument is the stdlib's context; pass Uber Fiber's "
+                            "error_handling by keyword: Pool(..., error_handling=True)")
         error_retries = error_retries_of(error_handling)
         initargs = tuple(initargs)
         if initializer is not None:
