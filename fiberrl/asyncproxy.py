@@ -3,13 +3,20 @@
 A stdlib proxy waits for each reply before the next call, so stepping 64 remote
 environments one after the other costs 64 round trips. :class:`AsyncProxy` wraps a
 proxy and gives it its own connection to the server (so the server serves it from
-its own thread); a call sends the request and returns a
-``concurrent.futures.Future`` at once, and a receiver thread of this process
-resolves futures as replies arrive. Calls on one ``AsyncProxy`` run in the order
-they were made; calls on different ones run concurrently::
+its own thread); a call sends the request and returns an :class:`AsyncProxyResult`
+at once (a ``concurrent.futures.Future`` with ``multiprocessing``'s ``AsyncResult``
+API: ``handle.get()``, as Uber Fiber's async proxies return), and a receiver thread
+of this process resolves them as replies arrive. Calls on one ``AsyncProxy`` run in
+the order they were made; calls on different ones run concurrently::
 
     envs = [manager.CartPole() for _ in range(64)]          # from an AsyncManager
     observations = gather([env.step(action) for env in envs])
+    observation = envs[0].reset().get(timeout=10)
+
+Threads and sockets: each ``AsyncProxy`` owns one connection (made on its first
+call); the receiver thread owns the selector over all of them and is the only reader.
+A connection closed by the caller, by a dropped proxy or by the exit hook ends its
+channel quietly, so no drop order prints anything at exit.
 
 :class:`AsyncManager` is a :class:`~fiberrl.managers.BaseManager` whose registered
 types are created as ``AsyncProxy`` objects; :func:`asynchronous` wraps any proxy.
@@ -25,10 +32,47 @@ import threading
 from multiprocessing import managers as mp_managers
 from typing import Any, Deque, Iterable, List, Optional
 
-from . import managers
+from . import errors
+from ._sync.connections import open_connection
+from ._sync.proxies import AutoProxy
+from ._sync.serving import BaseManager, dispatch
 from .errors import ManagerConnectionError
 
 logger = logging.getLogger(__name__)
+
+
+class AsyncProxyResult(concurrent.futures.Future):
+    """The result of one call on an :class:`AsyncProxy`.
+
+    It is a ``concurrent.futures.Future`` (``result()``, ``done()``,
+    ``add_done_callback()``, ``concurrent.futures.wait``...) and has the API of
+    ``multiprocessing.pool.AsyncResult`` too (``get``, ``ready``, ``wait``,
+    ``successful``), which Uber Fiber's async proxies returned. A call cannot be
+    cancelled once sent: ``cancel()`` returns False.
+    """
+
+    def get(self, timeout: Optional[float] = None) -> Any:
+        """The call's result; raises its exception (a remote error as the stdlib's
+        proxies raise it, :class:`~fiberrl.ManagerConnectionError` if the server is gone),
+        or ``multiprocessing.TimeoutError`` if it is not done within ``timeout`` s."""
+        self.wait(timeout)
+        if not self.done():
+            raise errors.TimeoutError(f"no reply within {timeout} s")   # multiprocessing's
+        return self.result()
+
+    def ready(self) -> bool:
+        """True once the call has a result or an exception."""
+        return self.done()
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Block until the call is done or ``timeout`` seconds passed."""
+        concurrent.futures.wait((self,), timeout)
+
+    def successful(self) -> bool:
+        """True if the call returned without an exception; ValueError if not done yet."""
+        if not self.done():
+            raise ValueError(f"{self!r} not ready")
+        return self.exception() is None
 
 
 class _Receiver:
@@ -45,25 +89,34 @@ class _Receiver:
     def forget(self, channel: "_Channel") -> None:
         """Stop watching ``channel`` (call before its connection is closed)."""
         try:
-            self._selector.unregister(channel.fd)
+            key = self._selector.get_key(channel.fd)
         except (KeyError, ValueError, OSError):
-            pass
+            return
+        if key.data is channel:   # (its descriptor may be another channel's by now)
+            try:
+                self._selector.unregister(channel.fd)
+            except (KeyError, ValueError, OSError):
+                pass
 
     def _run(self) -> None:
         while True:
             # epoll sees channels registered while it waits; the timeout covers other selectors
-            for key, _events in self._selector.select(0.5):
-                channel: _Channel = key.data
-                try:
-                    alive = channel.on_readable()
-                    # replies read off the socket together (none once the channel is closed)
-                    while alive and not channel.conn.closed and channel.conn.poll(0):
-                        alive = channel.on_readable()
-                except Exception:  # one broken channel must not stop every other's replies
-                    logger.exception("async manager channel failed; dropping it")
-                    alive = False
-                if not alive:
-                    self.forget(channel)
+            self._serve(self._selector.select(0.5))
+
+    @staticmethod
+    def _serve(ready: list) -> None:
+        """Read the replies of the ``ready`` channels. (A function of its own, so that no
+        name of the thread's loop keeps the last channel, its proxy and its manager
+        alive after the program dropped them.)"""
+        for key, _events in ready:
+            channel: _Channel = key.data
+            try:
+                # replies read off the socket together (none once the channel closed)
+                while channel.on_readable() and channel.more_to_read():
+                    pass
+            except Exception:  # a bug: one broken channel must not stop the others
+                logger.exception("async manager channel failed; dropping it")
+                channel.fail(ManagerConnectionError("the asynchronous channel failed"))
 
 
 _receiver: Optional[_Receiver] = None
@@ -79,23 +132,29 @@ def _the_receiver() -> _Receiver:
 
 
 class _Channel:
-    """A connection of its own to the server of one proxy, with requests in flight."""
+    """A connection of its own to the server of one proxy, with requests in flight.
+
+    Its connection may be closed under the receiver's feet: by :meth:`close`, by the
+    proxy being dropped, or by the process's exit hook that closes every connection a
+    server thread serves (``fiberrl._sync.connections``). The receiver then reads an
+    error or nothing; either ends the channel quietly, failing calls still in flight.
+    """
 
     def __init__(self, proxy: Any) -> None:
         token = proxy._token
         self.proxy = proxy
-        self.conn = managers.open_connection(token.address, proxy._authkey, proxy._serializer)
+        self.conn = open_connection(token.address, proxy._authkey, proxy._serializer)
         name = f"{threading.current_thread().name}|async"
-        managers.dispatch(self.conn, None, "accept_connection", (name,))
+        dispatch(self.conn, None, "accept_connection", (name,))
         self.conn.mark_serving()
         self.fd = self.conn.fileno()
         self.lock = threading.Lock()
-        self.pending: Deque[concurrent.futures.Future] = collections.deque()
+        self.pending: Deque[AsyncProxyResult] = collections.deque()
         self.failure: Optional[BaseException] = None
         _the_receiver().watch(self)
 
-    def call(self, method: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
+    def call(self, method: str, args: tuple, kwargs: dict) -> AsyncProxyResult:
+        future = AsyncProxyResult()
         future.set_running_or_notify_cancel()
         with self.lock:
             if self.failure is not None:
@@ -112,36 +171,58 @@ class _Channel:
         return future
 
     def on_readable(self) -> bool:
-        """Resolve the oldest pending future with the reply; False once the channel is dead."""
+        """Resolve the oldest pending call with the reply; False once the channel is done."""
+        if self.failure is not None:
+            return False
         try:
             kind, result = self.conn.recv()
-        except ManagerConnectionError as exc:
-            with self.lock:
-                self._fail(exc)
+        except (ManagerConnectionError, OSError, EOFError) as exc:
+            self.fail(exc if isinstance(exc, ManagerConnectionError)
+                      else ManagerConnectionError(f"the asynchronous channel was closed ({exc})"))
             return False
         with self.lock:
-            future = self.pending.popleft()
+            future = self.pending.popleft() if self.pending else None
+        if future is None:   # no call of ours asked for it: a server bug, not the caller's
+            logger.warning("async manager channel: a reply with no call in flight (%s); "
+                           "dropped", kind)
+            return True
         if kind == "#RETURN":
             future.set_result(result)
         elif kind == "#PROXY":
-            future.set_result(self._proxy_for(result))
+            try:
+                future.set_result(self._proxy_for(result))
+            except Exception as exc:
+                future.set_exception(exc)
         else:
             future.set_exception(mp_managers.convert_to_error(kind, result))
         return True
+
+    def more_to_read(self) -> bool:
+        """Whether another reply (or the end) can be read now without waiting."""
+        try:
+            return self.failure is None and not self.conn.closed and self.conn.poll(0)
+        except (OSError, EOFError):   # closed meanwhile: the next read says so
+            return self.failure is None
 
     def _proxy_for(self, result: Any) -> Any:
         exposed, token = result
         token.address = self.proxy._token.address
         manager = self.proxy._manager
-        proxytype = manager._registry[token.typeid][-1] if manager else managers.AutoProxy
+        proxytype = manager._registry[token.typeid][-1] if manager else AutoProxy
         proxy = proxytype(token, self.proxy._serializer, manager=manager,
                           authkey=self.proxy._authkey, exposed=exposed)
-        conn = managers.open_connection(token.address, self.proxy._authkey, self.proxy._serializer)
+        conn = open_connection(token.address, self.proxy._authkey, self.proxy._serializer)
         try:
-            managers.dispatch(conn, None, "decref", (token.id,))
+            dispatch(conn, None, "decref", (token.id,))
         finally:
             conn.close()
         return proxy
+
+    def fail(self, exc: BaseException) -> None:
+        """Fail every call in flight with ``exc`` and close the channel (any thread)."""
+        with self.lock:
+            if self.failure is None:
+                self._fail(exc)
 
     def _fail(self, exc: BaseException) -> None:
         """Fail every call in flight and close (the lock is held)."""
@@ -152,13 +233,12 @@ class _Channel:
         self.conn.close()
 
     def close(self) -> None:
-        with self.lock:
-            if self.failure is None:
-                self._fail(ManagerConnectionError("this asynchronous proxy was closed"))
+        self.fail(ManagerConnectionError("this asynchronous proxy was closed"))
 
 
 class AsyncProxy:
-    """A proxy whose exposed methods return ``concurrent.futures.Future`` objects.
+    """A proxy whose exposed methods return :class:`AsyncProxyResult` handles (each a
+    ``concurrent.futures.Future`` with ``multiprocessing``'s ``AsyncResult`` API too).
 
     ``proxy`` is a manager proxy (it keeps the remote object alive). The wrapped
     proxy stays available as ``.sync`` for blocking calls.
@@ -173,7 +253,7 @@ class AsyncProxy:
         self._channel_lock = threading.Lock()
 
     def _callmethod(self, method: str, args: tuple = (), kwds: Optional[dict] = None
-                    ) -> concurrent.futures.Future:
+                    ) -> AsyncProxyResult:
         """Call ``method`` on the remote object; return a future of its result
         (the stdlib proxies' ``_callmethod``, asynchronous)."""
         with self._channel_lock:
@@ -182,7 +262,7 @@ class AsyncProxy:
             channel = self._channel
         return channel.call(method, tuple(args), dict(kwds or {}))
 
-    def _forward(self, method: str, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+    def _forward(self, method: str, *args: Any, **kwargs: Any) -> AsyncProxyResult:
         return self._callmethod(method, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -229,7 +309,7 @@ def gather(futures: Iterable[concurrent.futures.Future], timeout: Optional[float
     return [future.result() for future in futures]
 
 
-class AsyncManager(managers.BaseManager):
+class AsyncManager(BaseManager):
     """A manager whose registered types are created as :class:`AsyncProxy` objects.
 
     Register types as with any manager; ``manager.<typeid>(...)`` creates the object

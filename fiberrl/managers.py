@@ -77,10 +77,19 @@ def _register_sync_types() -> None:
 _register_sync_types()
 
 
+#: Uber Fiber's asynchronous manager names, found here as in ``fiber.managers``
+_ASYNC_NAMES = ("AsyncManager", "AsyncProxy", "AsyncProxyResult")
+
+
 def __getattr__(name: str) -> Any:
     """``SharedMemoryManager``/``SharedMemoryServer`` live in :mod:`fiberrl.shared_memory`
-    (imported on first use, as the stdlib's managers expose them)."""
+    (imported on first use, as the stdlib's managers expose them); ``AsyncManager``,
+    ``AsyncProxy`` and ``AsyncProxyResult`` in :mod:`fiberrl.asyncproxy` (where Uber
+    Fiber's programs look for them here)."""
     if name in ("SharedMemoryManager", "SharedMemoryServer"):
         from . import shared_memory
         return getattr(shared_memory, name)
+    if name in _ASYNC_NAMES:
+        from . import asyncproxy
+        return getattr(asyncproxy, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

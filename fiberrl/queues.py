@@ -264,6 +264,11 @@ class Queue:
         ``connection.wait`` and reads with ``recv()``: here, in the creating process."""
         return QueueReader(self)
 
+    @property
+    def _writer(self) -> "QueueWriter":
+        """The stdlib queues' write end: ``send(obj)`` puts, ``closed`` after ``close()``."""
+        return QueueWriter(self)
+
 
 class QueueReader:
     """A queue's readable side as a connection: ``fileno()`` is readable exactly while
@@ -292,8 +297,39 @@ class QueueReader:
         """Close the queue."""
         self._queue.close()
 
+    @property
+    def closed(self) -> bool:
+        """True once the queue was closed in this process."""
+        return self._queue._closed
+
     def __eq__(self, other: object) -> bool:   # a fresh reader each time: same queue, equal
         return isinstance(other, QueueReader) and other._queue is self._queue
+
+    def __hash__(self) -> int:
+        return hash(id(self._queue))
+
+
+class QueueWriter:
+    """A queue's writable side as a connection end: ``send(obj)`` puts ``obj``."""
+
+    def __init__(self, queue: Queue) -> None:
+        self._queue = queue
+
+    def send(self, obj: Any) -> None:
+        """Put ``obj`` on the queue."""
+        self._queue.put(obj)
+
+    def close(self) -> None:
+        """Close the queue."""
+        self._queue.close()
+
+    @property
+    def closed(self) -> bool:
+        """True once the queue was closed in this process."""
+        return self._queue._closed
+
+    def __eq__(self, other: object) -> bool:   # a fresh writer each time: same queue, equal
+        return isinstance(other, QueueWriter) and other._queue is self._queue
 
     def __hash__(self) -> int:
         return hash(id(self._queue))
@@ -338,3 +374,22 @@ class SimpleQueue(Queue):
     def get(self) -> Any:  # type: ignore[override]
         """Remove and return an item, waiting for one."""
         return super().get(True, None)
+
+    @property
+    def reader(self) -> QueueReader:
+        """The read end, ``recv()`` being ``get()`` (Uber Fiber's name for it)."""
+        return self._reader
+
+    @property
+    def writer(self) -> QueueWriter:
+        """The write end, ``send(obj)`` being ``put(obj)`` (Uber Fiber's name for it)."""
+        return self._writer
+
+
+def __getattr__(name: str) -> Any:
+    """``Pipe``, found here as in Uber Fiber's ``fiber.queues`` (it is
+    :func:`fiberrl.connection.Pipe`, imported on first use)."""
+    if name == "Pipe":
+        from .connection import Pipe
+        return Pipe
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -56,9 +56,18 @@ def validate(cpu: Optional[float] = None, mem: Any = None, gpu: Optional[int] = 
     return {k: v for k, v in hints.items() if v is not None}
 
 
-def meta(cpu: Optional[float] = None, mem: Any = None, gpu: Optional[int] = None,
-         **extra: Any) -> Callable[[F], F]:
-    """Decorator attaching resource hints to a function used as a process or pool target."""
+def meta(cpu: Optional[float] = None, mem: Any = None, gpu: Optional[int] = None, *,
+         memory: Optional[float] = None, **extra: Any) -> Callable[[F], F]:
+    """Decorator attaching resource hints to a function used as a process target.
+
+    ``memory`` is Uber Fiber's name for the memory hint, in megabytes
+    (``@meta(memory=1000)`` is ``@meta(mem="1000M")``); give ``mem`` or ``memory``."""
+    if memory is not None:
+        if mem is not None:
+            raise TypeError("give mem or memory (Uber Fiber's name, in megabytes), not both")
+        if isinstance(memory, bool) or not isinstance(memory, (int, float)) or memory <= 0:
+            raise ValueError(f"memory (megabytes) must be a positive number, got {memory!r}")
+        mem = int(memory * _UNITS["M"])
     hints = validate(cpu, mem, gpu, **extra)
 
     def decorate(fn: F) -> F:

@@ -193,6 +193,43 @@ def count_attempt_then_fail(attempt_dir):
     raise Boom("fails every time")
 
 
+# -- tasks that raise, for pools with error_handling ------------------------------------
+def random_error_worker(i):
+    """Uber Fiber's test task: raises ValueError in 5% of calls, else returns ``i``."""
+    import random
+    random.seed(time.time())
+    time.sleep(0.01)
+    if random.random() < 0.05:
+        raise ValueError
+    return i
+
+
+def runs_of(attempt_dir, x):
+    """How many runs of item ``x`` ``raise_first_runs`` recorded in ``attempt_dir``."""
+    return sum(1 for name in os.listdir(attempt_dir) if name.startswith(f"item-{x}-"))
+
+
+def raise_first_runs(attempt_dir, failing, x):
+    """Record a run of item ``x``; raise ``ValueError`` on its first ``failing[x]`` runs
+    (``failing``: item -> runs; -1 for every run), else return ``x * x``."""
+    touch(os.path.join(attempt_dir, f"item-{x}-{uuid.uuid4().hex}"))
+    runs = failing.get(x, 0)
+    if runs < 0 or runs_of(attempt_dir, x) <= runs:
+        raise ValueError(f"item {x} raised on run {runs_of(attempt_dir, x)}")
+    return x * x
+
+
+def die_then_raise(attempt_dir, x):
+    """First run: SIGKILL the worker; second run: raise ValueError; then ``x * x``."""
+    touch(os.path.join(attempt_dir, f"item-{x}-{uuid.uuid4().hex}"))
+    runs = runs_of(attempt_dir, x)
+    if runs == 1:
+        die("sigkill")
+    if runs == 2:
+        raise ValueError(f"item {x} raised on run 2")
+    return x * x
+
+
 # -- initializers -------------------------------------------------------------------------
 def set_state(value):
     global STATE

@@ -41,9 +41,6 @@ EXPECTED_FAILURES = {
         "(send_handle/recv_handle over fiberrl pipes lend the descriptor instead)",
     "TestInvalidHandle.test_invalid_handles": "builds Connection(raw_handle): fiberrl's "
         "Connection is a pipe end known to a rendezvous, not a descriptor wrapper",
-    "TestSimpleQueue.test_closed": "reads the private _reader and _writer pipe ends of "
-        "the stdlib's SimpleQueue (the test is @cpython_only, 'tests private attributes'); "
-        "fiberrl's queue lives in a service and has no writer end",
     "_TestImportStar.test_import": "lists the .py files of multiprocessing's folder (under "
         "the hook, fiberrl's) and removes 'popen_spawn_win32' from that list, a file of "
         "the stdlib's own layout (tests/test_namespace.py checks each aliased module's "

@@ -131,6 +131,38 @@ def test_simple_queue():
     assert not q.empty() and q.get() == "a"
 
 
+def test_simple_queue_closed_ends_as_cpython_tests_them():
+    """CPython's TestSimpleQueue.test_closed reads the private ends after close()."""
+    queue = fiberrl.SimpleQueue()
+    assert not queue._reader.closed and not queue._writer.closed
+    queue.close()
+    assert queue._reader.closed
+    assert queue._writer.closed
+
+
+def _relay_with_fibers_ends(q_in, q_out, n):
+    """Uber Fiber's test_queue ``get_queue``, which names the queue's ends."""
+    assert q_in.reader is not None and q_in.writer is not None
+    for _ in range(n):
+        q_out.writer.send(q_in.reader.recv())
+
+
+def test_simple_queue_reader_and_writer_as_fiber_names_them():
+    q_in, q_out = fiberrl.SimpleQueue(), fiberrl.SimpleQueue()
+    proc = fiberrl.Process(target=_relay_with_fibers_ends, args=(q_in, q_out, 3))
+    proc.start()
+    for i in range(3):
+        q_in.writer.send(i)
+    assert [q_out.get() for _ in range(3)] == [0, 1, 2]
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert q_in.reader == q_in._reader and q_in.writer == q_in._writer
+    q_in.writer.close()
+    assert q_in.reader.closed
+    with pytest.raises(ValueError):
+        q_in.put(1)
+
+
 @pytest.mark.any_backend
 def test_item_in_flight_to_a_consumer_that_dies_is_not_lost():
     q = fiberrl.Queue()

@@ -225,9 +225,15 @@ class Server(mp_managers.Server):
             msg = ("#TRACEBACK", traceback.format_exc())
         else:
             try:
-                msg = ("#RETURN", func(conn, *args, **kwds))
+                result = func(conn, *args, **kwds)
             except Exception:
                 msg = ("#TRACEBACK", traceback.format_exc())
+            else:
+                if funcname == "accept_connection":
+                    # it answered, then served the connection until it ended: a reply
+                    # now would reach a client that left (or the next call's caller)
+                    return
+                msg = ("#RETURN", result)
         try:
             conn.send(msg)
         except Exception:
@@ -239,17 +245,21 @@ class Server(mp_managers.Server):
     def serve_client(self, conn: ManagedConnection) -> None:
         _serving.conn = conn
         try:
-            super().serve_client(conn)
+            super().serve_client(conn)   # ends its thread with SystemExit at end of file
         finally:
             _serving.conn = None
-            if conn.said_goodbye:
-                return  # closed on purpose: what the client holds stays held
-            ident = threading.get_ident()
-            for listener in list(_departure_listeners):
-                try:
-                    listener(ident)
-                except Exception:
-                    logger.exception("releasing what a departed client held failed")
+            if not conn.said_goodbye:   # a client that closed on purpose keeps what it holds
+                self._client_departed()
+
+    @staticmethod
+    def _client_departed() -> None:
+        """Release what the client served by this thread held (it died or hung up)."""
+        ident = threading.get_ident()
+        for listener in list(_departure_listeners):
+            try:
+                listener(ident)
+            except Exception:
+                logger.exception("releasing what a departed client held failed")
 
     def start_in_thread(self) -> None:
         """Serve from this process's I/O loop and client threads (the coordination

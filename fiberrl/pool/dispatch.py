@@ -42,6 +42,7 @@ from .._runtime.runtime import runtime
 from .._wire.stream import Channel
 from .links import WorkerLink
 from .pending import PendingTable
+from .rerun import Rerun
 from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable, SharedBuffer
 from .tasks import Task
 from .wire import PoolChannel
@@ -62,7 +63,8 @@ class Dispatcher:
     """
 
     def __init__(self, name: str, max_task_retries: int, heartbeat_timeout: float,
-                 idle_timeout: Optional[float], supervisor_events: Any) -> None:
+                 idle_timeout: Optional[float], supervisor_events: Any,
+                 error_retries: int = 0) -> None:
         rt = runtime()
         self.acceptor = rt.acceptor
         self.label = f"pool:{name}"
@@ -73,6 +75,8 @@ class Dispatcher:
         self.queue: "collections.deque[Task]" = collections.deque()
         self.suspects_queued = 0                   # suspect tasks in the queue
         self.pending = PendingTable(max_task_retries)
+        self.error_retries = error_retries         # runs again of a task that raised
+        self.error_reruns = 0                      # tasks run again after they raised
         self.links: Dict[int, WorkerLink] = {}
         self.expected: Dict[int, tuple] = {}       # worker id -> (token, maxtasks)
         self.job_tokens: Dict[int, str] = {}       # worker id -> its job's token
@@ -265,6 +269,7 @@ class Dispatcher:
     def _on_results(self, link: WorkerLink, results: list, buffers: list) -> None:
         position = 0
         complete, link_id, cache, table = self.pending.complete, link.id, link.cache, self.buffers
+        resilient = self.error_retries > 0
         call, group = None, []   # consecutive results of one call are finished together
         for task_id, ok, stream, count, seconds in results:
             if count >= 0:
@@ -283,6 +288,12 @@ class Dispatcher:
                 except Exception as exc:  # e.g. an exception class that needs other arguments
                     from multiprocessing.pool import MaybeEncodingError
                     ok, value = False, MaybeEncodingError(exc, f"<result of {task.describe()}>")
+            if resilient and (not ok or task.rerun is not None):
+                outcome = Rerun.after(task, ok, value, self.error_retries)
+                if outcome is None:   # it raised: it runs again (see .rerun)
+                    self._run_again(task)
+                    continue
+                ok, value = outcome
             if table is not None and len(task.frames) > 1:   # one frame: nothing shared
                 table.release(task.frames)
             if task.call is not call:
@@ -292,6 +303,12 @@ class Dispatcher:
             group.append((task, ok, value, seconds))
         if group:
             self._finish_tasks(call, group)
+
+    def _run_again(self, task: Task) -> None:
+        """Queue ``task``, which raised, at the front (``error_handling``)."""
+        task.suspect = False   # it returned: its worker is not in question
+        self.queue.appendleft(task)
+        self.error_reruns += 1
 
     def _on_run(self, link: WorkerLink, task_ids: list, values: list, seconds: float) -> None:
         """Results of a run of map tasks (see :mod:`.worker`): each value fills one item."""

@@ -1,18 +1,23 @@
 """The iterator of ``imap`` and ``imap_unordered``: chunks delivered in order, or as
 they finish, to a consumer that reads them one item at a time.
 
-A feeder thread (:func:`fiberrl.pool.pool._feed`) reads the input and submits chunks a
+A feeder thread (:func:`feed`) reads the input and submits chunks a
 bounded window ahead of the consumer; results are added on the pool's I/O loop.
 """
 from __future__ import annotations
 
 import collections
+import itertools
+import logging
 import threading
 import time
+from multiprocessing.pool import RUN, TERMINATE
 from typing import Any, Callable, Optional
 
-from ..errors import TimeoutError
+from ..errors import PoolTerminatedError, TimeoutError
 from .tasks import Call
+
+logger = logging.getLogger(__name__)
 
 
 class IMapIterator(Call):
@@ -119,3 +124,37 @@ class IMapIterator(Call):
 
 #: the stdlib's name for the unordered iterator (one class serves both orders here)
 IMapUnorderedIterator = IMapIterator
+
+
+def feed(core: Any, result: IMapIterator, iterator: Any, chunksize: int, mode: int) -> None:
+    """Read an imap's input a bounded window ahead of its consumer (feeder thread)."""
+    dispatcher = core.dispatcher
+    closing = lambda: core.state != RUN  # noqa: E731
+    stopped = lambda: core.state == TERMINATE  # noqa: E731
+    index = 0
+    try:
+        while result._wait_for_room(index, closing, stopped):
+            try:
+                chunk = list(itertools.islice(iterator, chunksize))
+            except Exception as exc:
+                result._input_failed(index, exc)
+                dispatcher.submit(result, [], True)
+                return
+            if not chunk:
+                break
+            try:
+                task = result._make_task(index, mode, chunk, len(chunk), index * chunksize)
+            except Exception as exc:
+                result._input_failed(index, exc)
+                dispatcher.submit(result, [], True)
+                return
+            dispatcher.submit(result, [task], False)
+            index += 1
+        result._input_done(index)
+        dispatcher.submit(result, [], True)
+    except BaseException as exc:  # noqa: BLE001 - the consumer must hear of it
+        logger.exception("imap feeder failed")
+        result._abort(exc)
+        dispatcher.submit(result, [], True)
+    if stopped():
+        result._abort(PoolTerminatedError("the pool was terminated"))

@@ -66,12 +66,14 @@ class WorkerLink:
                     run_ids.append(task.id)
                     run_items.append(stream[0])
                 else:
-                    append((task.id, function.id, task.mode, stream, ()))
+                    append((task.id, function.id,
+                            task.mode if task.rerun is None else task.wire_mode(), stream, ()))
                 continue
             layout, new, got = cache.encode(task.id, frames, task_buffers)
             added.extend(new)
             hits += got
-            append((task.id, function.id, task.mode, frames[0], layout))
+            append((task.id, function.id, task.mode if task.rerun is None else task.wire_mode(),
+                    frames[0], layout))
         if added:
             cache.evict()
         solo = batch[0].suspect

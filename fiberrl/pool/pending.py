@@ -8,6 +8,10 @@ its worker; every task of a lost worker is marked *suspect* and is next dispatch
 alone, where a second death is attributed exactly. A task that was running on
 ``max_task_retries`` workers that died fails with :class:`~fiberrl.TaskRetryError`.
 
+A task that *raised* in a pool with ``error_handling`` is not counted here: its result
+completes it, and :mod:`.rerun` queues it again; once handed out again it is pending
+like any other task, so a death while it runs again is a death as above.
+
 Used only by the pool's I/O thread: no locks.
 """
 from __future__ import annotations

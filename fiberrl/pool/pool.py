@@ -11,8 +11,11 @@ Threads of a pool (all daemon threads of the caller's process)::
 Delivery guarantee: every task runs to completion at least once; a task whose
 worker died is run again on another worker, so a task may run more than once if
 its worker died after side effects. A task whose workers died ``max_task_retries``
-times fails with :class:`fiberrl.TaskRetryError`; an exception raised by the task
-itself is never retried.
+times fails with :class:`fiberrl.TaskRetryError`. An exception raised by the task
+itself goes to the caller, as with the stdlib, unless the pool was made with
+``error_handling`` (Uber Fiber's meaning): then the task runs again, up to 5 more
+times by default, and the caller gets its last exception only if every run raised
+(see :mod:`.rerun`).
 """
 from __future__ import annotations
 
@@ -29,13 +32,14 @@ from typing import Any, Callable, Iterable, List, Mapping, Optional
 
 from .. import reduction, resources
 from ..config import get_config
-from ..errors import PoolTerminatedError
+from ..errors import PoolTerminatedError, TimeoutError
 from .callbacks import CallbackRunner
 from .dispatch import MAX_BATCH, Dispatcher
 from .limits import ensure_fd_room
 from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable
 from .supervisor import Supervisor
-from .imap import IMapIterator
+from .imap import IMapIterator, feed
+from .rerun import error_retries_of
 from .tasks import (APPLY, MAP, SCALAR_TYPES, STARMAP, ApplyResult, FunctionTable, MapResult, Task,
                     chunks)
 
@@ -57,6 +61,7 @@ class PoolStats:
     completed: int     #: tasks finished since the pool started
     worker_deaths: int  #: workers lost unexpectedly (crash, kill, missed heartbeat)
     retried: int       #: tasks re-queued after their worker died
+    error_reruns: int = 0  #: tasks run again after they raised (``error_handling``)
     time_limit_replacements: int = 0  #: workers replaced before their job's time limit
     payload_bytes_sent: int = 0  #: bytes of task messages sent to workers (pickled tasks,
     #: functions and large arguments)
@@ -74,14 +79,16 @@ class _PoolCore:
     """Everything the threads share; the :class:`Pool` object only holds this."""
 
     def __init__(self, processes: int, worker_options: dict, max_task_retries: int,
-                 heartbeat_timeout: float, idle_timeout: Optional[float]) -> None:
+                 heartbeat_timeout: float, idle_timeout: Optional[float],
+                 error_retries: int = 0) -> None:
         self.name = f"Pool-{next(_pool_ids)}"
         self.state = RUN
         self.feeders: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
         import queue
         events: "queue.SimpleQueue" = queue.SimpleQueue()
         self.dispatcher = Dispatcher(f"{self.name}-{os.getpid()}-{id(self):x}",
-                                     max_task_retries, heartbeat_timeout, idle_timeout, events)
+                                     max_task_retries, heartbeat_timeout, idle_timeout, events,
+                                     error_retries)
         self.functions = FunctionTable(self.dispatcher.forget_function)
         self.callbacks = CallbackRunner(self.name)
         self.buffers = BufferTable(self.dispatcher.forget_buffer, reduction.OUT_OF_BAND_MIN_BYTES)
@@ -127,6 +134,16 @@ class Pool:
     ``processes`` (default: ``fiberrl.cpu_count()``), ``initializer``/``initargs``,
     ``maxtasksperchild`` and ``context`` are the stdlib's. Keyword-only extras:
 
+    - ``error_handling``: False (the default) gives a task's exception to the caller
+      at once, as the stdlib does. True runs a task that raised again, up to
+      :data:`~fiberrl.pool.rerun.DEFAULT_ERROR_RETRIES` (5) more times, on whichever
+      worker is free (Uber Fiber's ``Pool(error_handling=True)``); an int sets how many
+      more times. Of a map chunk only the items that raised run again. If every run
+      raised, the caller gets the last run's exception, its type unchanged, with notes
+      naming the input item and the number of runs. Deaths of workers are counted
+      apart (``max_task_retries``): a task being run again is in the pending table
+      like any other, and is run again if its worker dies. Use it for tasks that are
+      safe to run twice;
     - ``max_task_retries``: deaths of the workers running a task before it fails
       (default: the ``max_task_retries`` setting, 3);
     - ``heartbeat_timeout``: seconds of silence after which a worker is considered
@@ -149,7 +166,8 @@ class Pool:
 
     def __init__(self, processes: Optional[int] = None, initializer: Optional[Callable[..., Any]] = None,
                  initargs: Iterable[Any] = (), maxtasksperchild: Optional[int] = None,
-                 context: Any = None, *, max_task_retries: Optional[int] = None,
+                 context: Any = None, *, error_handling: "bool | int" = False,
+                 max_task_retries: Optional[int] = None,
                  heartbeat_timeout: Optional[float] = None,
                  idle_timeout: Optional[float] = None, arg_cache_bytes: int = DEFAULT_ARG_CACHE_BYTES,
                  cpu: Optional[float] = None,
@@ -173,20 +191,24 @@ class Pool:
             raise ValueError("heartbeat_timeout must be positive")
         if idle_timeout is not None and idle_timeout <= 0:
             raise ValueError("idle_timeout must be positive or None")
+        if isinstance(context, bool):   # Pool(4, None, (), None, True), written for Fiber
+            raise TypeError("Pool's fifth argument is the stdlib's context; pass Uber Fiber's "
+                            "error_handling by keyword: Pool(..., error_handling=True)")
+        error_retries = error_retries_of(error_handling)
         initargs = tuple(initargs)
         if initializer is not None:
             from .. import reduction
             reduction.dumps((initializer, initargs))  # pickling errors surface here
         options = {"initializer": initializer, "initargs": initargs, "maxtasks": maxtasksperchild,
                    "heartbeat_interval": min(cfg.heartbeat_interval, timeout / 4),
+                   "error_handling": error_retries > 0,
                    "resources": resources.validate(cpu, mem, gpu, **hints)}
         ensure_fd_room(processes)  # a clear error here, not EMFILE in a thread later
         self._processes = processes
         self._window = 4 * processes + 32
-        ensure_fd_room(processes)  # a clear error here, not EMFILE in a thread later
         if not isinstance(arg_cache_bytes, int) or arg_cache_bytes < 0:
             raise ValueError(f"arg_cache_bytes must be a non-negative int, got {arg_cache_bytes!r}")
-        self._core = _PoolCore(processes, options, retries, timeout, idle_timeout)
+        self._core = _PoolCore(processes, options, retries, timeout, idle_timeout, error_retries)
         self._core.dispatcher.arg_cache_bytes = arg_cache_bytes
         self._finalizer = weakref.finalize(self, _terminate_core, self._core)
 
@@ -317,6 +339,43 @@ class Pool:
         core.dispatcher.call_soon(lambda: setattr(core.dispatcher, "target", processes))
         core.supervisor.request("resize", processes)
 
+    def start_workers(self) -> None:
+        """Start every worker now (Uber Fiber's name).
+
+        Workers start when the pool is made, in the background, so this matters only
+        with ``idle_timeout``, where they otherwise start when work arrives: it starts
+        them all now (they are released again once idle for ``idle_timeout``)."""
+        self._check_running()
+        self._core.supervisor.request("start_workers")
+
+    def wait_until_workers_up(self, timeout: Optional[float] = None) -> None:
+        """Block until every one of the pool's ``processes`` workers is connected and
+        taking tasks (Uber Fiber's name; it also starts them, as :meth:`start_workers`).
+
+        ``timeout`` (seconds, None: no limit): when it expires first,
+        ``multiprocessing.TimeoutError`` (``fiberrl.TimeoutError``) says how many are up.
+        Raises the backend's :class:`~fiberrl.JobFailedError` if workers keep failing
+        to start (as queued tasks do), :class:`~fiberrl.PoolTerminatedError` if the pool
+        stops meanwhile, and ``ValueError`` on a pool that was closed or terminated.
+        """
+        self.start_workers()
+        supervisor = self._core.supervisor
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            up, wanted = supervisor.workers_up(), self._processes
+            if up >= wanted:
+                return
+            if supervisor.start_error is not None:
+                raise supervisor.start_error
+            if self._state != RUN or not supervisor.thread.is_alive():
+                raise PoolTerminatedError("the pool stopped before its workers were up")
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"{up} of the pool's {wanted} workers are up after "
+                                   f"{timeout} s")
+            # (woken within 0.1 s at most, so that Ctrl-C reaches the main thread)
+            supervisor.wait_changed(0.1 if left is None else min(0.1, left))
+
     def workers(self) -> list:
         """The worker process objects currently started (``fiberrl.Process``)."""
         return self._core.supervisor.processes() if self._core is not None else []
@@ -334,6 +393,7 @@ class Pool:
                          queued=len(dispatcher.queue), pending=len(dispatcher.pending),
                          completed=dispatcher.completed, worker_deaths=supervisor.worker_deaths,
                          retried=dispatcher.pending.retried,
+                         error_reruns=dispatcher.error_reruns,
                          time_limit_replacements=supervisor.time_limit_replacements,
                          payload_bytes_sent=dispatcher.payload_bytes_sent,
                          cached_arg_sends=dispatcher.cached_arg_sends,
@@ -423,7 +483,7 @@ class Pool:
         core = self._core
         total = len(iterable) if hasattr(iterable, "__len__") else None
         result = IMapIterator(core, func, ordered, self._window, progress, total)
-        feeder = threading.Thread(target=_feed, args=(core, result, iter(iterable), chunksize,
+        feeder = threading.Thread(target=feed, args=(core, result, iter(iterable), chunksize,
                                                       MAP),
                                   name=f"fiberrl-{core.name}-feeder", daemon=True)
         core.feeders.add(feeder)
@@ -439,37 +499,3 @@ def _check_count(value: Any, name: str, allow_zero: bool = False) -> None:
         raise TypeError(f"{wanted}, got {type(value).__name__} {value!r}")
     if value < (0 if allow_zero else 1):
         raise ValueError(f"{wanted}, got {value!r}")
-
-
-def _feed(core: _PoolCore, result: IMapIterator, iterator, chunksize: int, mode: int) -> None:
-    """Read an imap's input a bounded window ahead of its consumer (feeder thread)."""
-    dispatcher = core.dispatcher
-    closing = lambda: core.state != RUN  # noqa: E731
-    stopped = lambda: core.state == TERMINATE  # noqa: E731
-    index = 0
-    try:
-        while result._wait_for_room(index, closing, stopped):
-            try:
-                chunk = list(itertools.islice(iterator, chunksize))
-            except Exception as exc:
-                result._input_failed(index, exc)
-                dispatcher.submit(result, [], True)
-                return
-            if not chunk:
-                break
-            try:
-                task = result._make_task(index, mode, chunk, len(chunk), index * chunksize)
-            except Exception as exc:
-                result._input_failed(index, exc)
-                dispatcher.submit(result, [], True)
-                return
-            dispatcher.submit(result, [task], False)
-            index += 1
-        result._input_done(index)
-        dispatcher.submit(result, [], True)
-    except BaseException as exc:  # noqa: BLE001 - the consumer must hear of it
-        logger.exception("imap feeder failed")
-        result._abort(exc)
-        dispatcher.submit(result, [], True)
-    if stopped():
-        result._abort(PoolTerminatedError("the pool was terminated"))

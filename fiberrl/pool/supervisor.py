@@ -9,7 +9,10 @@ sources and turns each into one decision:
   every second the time left before each worker's job hits its time limit: a
   worker close to it is retired (it finishes its task) and a replacement started,
   so a long run outlives the backend's per-job walltime;
-- the pool's API (resize, close, terminate).
+- the pool's API (resize, close, terminate, start_workers).
+
+Callers of ``Pool.wait_until_workers_up`` wait on :attr:`Supervisor.changed`, which
+is notified whenever a worker says hello, is lost, or fails to start.
 
 A lost worker is declared to the I/O thread with the backend's reason (e.g. "killed
 by signal 9 (SIGKILL)"), which re-queues its pending tasks; a replacement is started
@@ -101,6 +104,9 @@ class Supervisor:
         self._start_failures = 0
         self._backoff_until = 0.0
         self.started_total = 0  # workers ever started (the stdlib starts ``processes``)
+        self.eager = False      # start_workers(): bring every worker up without work
+        self.start_error: Optional[BaseException] = None  # workers keep failing to start
+        self.changed = threading.Condition()   # a worker came up, was lost or failed
         self.thread = threading.Thread(target=self._run, name="fiberrl-pool-supervisor", daemon=True)
 
     # -- API-side requests (any thread) -------------------------------------------
@@ -109,6 +115,19 @@ class Supervisor:
 
     def processes(self) -> List[Process]:
         return [r.process for r in list(self.records.values())]
+
+    def workers_up(self) -> int:
+        """Workers that said hello and are not being retired (any thread)."""
+        return sum(1 for r in list(self.records.values()) if r.hello and not r.retiring)
+
+    def wait_changed(self, timeout: float) -> None:
+        """Block until :attr:`changed` is notified or ``timeout`` seconds pass."""
+        with self.changed:
+            self.changed.wait(timeout)
+
+    def _notify(self) -> None:
+        with self.changed:
+            self.changed.notify_all()
 
     # -- the thread ------------------------------------------------------------------
     def _run(self) -> None:
@@ -134,6 +153,7 @@ class Supervisor:
             self._kill_all()
         finally:
             self.dispatcher.stop()
+            self._notify()
 
     def _handle_events(self) -> None:
         try:
@@ -153,6 +173,8 @@ class Supervisor:
             record.hello = True
             record.hello_at = time.monotonic()
             self._start_failures = 0
+            self.start_error = None
+            self._notify()
         elif kind == "disconnected" and record is not None:
             self._lost(record, value)
         elif kind == "unresponsive" and record is not None:
@@ -165,6 +187,8 @@ class Supervisor:
             record.stop_asked = time.monotonic()
         elif kind == "init_failed" and record is not None:
             record.init_error = value
+        elif kind == "start_workers":
+            self.eager = True
         elif kind == "resize":
             self.target = value
         elif kind == "close":
@@ -212,6 +236,7 @@ class Supervisor:
         if not record.hello and not self.shutting_down and not self.terminating:
             self._start_failed(record, how)
         del self.records[record.id]
+        self._notify()
         self.dispatcher.call_soon(lambda: self.dispatcher.worker_lost(record.id, how, unexpected))
         if process.exitcode is None:
             self.unreaped.append(process)
@@ -238,6 +263,8 @@ class Supervisor:
         if self._start_failures >= self.max_task_retries:
             error = make_error()
             logger.error("%s", error)
+            self.start_error = error
+            self._notify()
             self.dispatcher.call_soon(lambda: self.dispatcher.fail_queued(error))
 
     def _to_poll(self) -> List[WorkerRecord]:
@@ -281,7 +308,10 @@ class Supervisor:
     def _scale(self) -> None:
         active = self._active()
         desired = self.target
-        if self.idle_timeout is not None and not self.dispatcher.has_work():
+        if self.eager and sum(1 for r in active if r.hello) >= desired:
+            self.eager = False   # all up: from now on idle workers may be released again
+        if (self.idle_timeout is not None and not self.eager
+                and not self.dispatcher.has_work()):
             desired = min(desired, len(active))
         if len(active) < desired and time.monotonic() >= self._backoff_until:
             wanted = desired - len(active)
@@ -317,7 +347,8 @@ class Supervisor:
                                       daemon=True, **options.get("resources", {}),
                                       args=(self.dispatcher.address, worker_id, token,
                                             options["initializer"], options["initargs"],
-                                            options["maxtasks"], options["heartbeat_interval"]))
+                                            options["maxtasks"], options["heartbeat_interval"],
+                                            options["error_handling"]))
                     process.start()
                     self.dispatcher.call_soon(functools.partial(
                         self.dispatcher.job_started, worker_id, process._popen._token))

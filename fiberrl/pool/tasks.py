@@ -151,7 +151,7 @@ class Task:
     """
 
     __slots__ = ("id", "call", "index", "first", "mode", "frames", "size", "deaths", "suspect",
-                 "worker")
+                 "worker", "rerun")
 
     def __init__(self, call: "Call", index: int, mode: int, payload: Any, size: int,
                  first: int = 0, memo: Optional[dict] = None,
@@ -179,6 +179,15 @@ class Task:
         self.deaths: Tuple[str, ...] = ()   # how the workers that died running it ended
         self.suspect = False          # its worker died: run it alone next time
         self.worker: Optional[int] = None
+        self.rerun: Any = None        # it raised, in a pool with error_handling (.rerun.Rerun)
+
+    def wire_mode(self) -> Any:
+        """The mode a worker is sent: ``(mode, offsets)`` when only the items at those
+        offsets of the chunk are to run (the others succeeded in an earlier run)."""
+        rerun = self.rerun
+        if rerun is None or rerun.offsets is None:
+            return self.mode
+        return (self.mode, rerun.offsets)
 
     def describe(self, offset: Optional[int] = None) -> str:
         """What the task is, for errors: the call, and the input indices of its items
@@ -198,11 +207,15 @@ class Task:
     def name_item(self, exc: BaseException) -> None:
         """Add a note to ``exc``, raised by this task, naming the input item it came from."""
         offset = exc.__dict__.pop(ITEM_ATTRIBUTE, None) if hasattr(exc, "__dict__") else None
-        note = f"raised by {self.describe(offset)}"
-        if hasattr(exc, "add_note"):
-            exc.add_note(note)
-        else:  # Python < 3.11: kept where 3.11's traceback would print it
-            exc.__notes__ = [*getattr(exc, "__notes__", []), note]
+        add_note(exc, f"raised by {self.describe(offset)}")
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """Add ``note`` to ``exc`` (printed under its traceback)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # Python < 3.11: kept where 3.11's traceback would print it
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]
 
 
 class Call(abc.ABC):

@@ -26,6 +26,9 @@ Messages (headers; pickle streams are bytes inside the header, large buffers fol
                      ([task_id], [value], seconds) or None)
                     ("bye",)
 
+A task's ``mode`` is ``(mode, [offsets])`` when only those items of its chunk are to
+run again (a pool with ``error_handling``, whose workers run every item of a chunk
+even when one raises and report the chunk's failures as a :class:`~.rerun.ChunkErrors`).
 A task's ``stream`` is a tuple of scalars, its chunk itself, for a map over plain
 scalars; a result's ``stream`` with ``n_buffers`` -1 is the result itself, a scalar or
 a list of scalars. The last field of each is a *run*, for the common ``map(f, numbers,
@@ -46,6 +49,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import reduction
 from ..errors import TaskDeserializationError
+from .rerun import ChunkErrors
 from .tasks import APPLY, INLINE_MAX, ITEM_ATTRIBUTE, MAP, SCALAR_TYPES, all_scalars
 from .wire import WorkerConnection
 from .._runtime import interrupts
@@ -104,14 +108,21 @@ class _Globals:
                     func.__globals__[key] = source[key]
 
 
-def _execute(func: Any, mode: int, frames: List[Any]) -> Tuple[bool, Any]:
+def _load_arguments(frames: List[Any]) -> Tuple[bool, Any]:
+    """``(True, arguments)`` of a task, or ``(False, the error)`` if they do not unpickle."""
     try:
         # a chunk of scalars, or an apply of scalars, came as itself in the header (tasks.Task)
-        args = frames[0] if type(frames[0]) is tuple else reduction.loads(frames)
+        return True, frames[0] if type(frames[0]) is tuple else reduction.loads(frames)
     except BaseException as exc:  # noqa: BLE001 - reported to the caller
         return False, TaskDeserializationError(
             f"could not unpickle the task's arguments in the worker: {type(exc).__name__}: {exc}",
             traceback.format_exc())
+
+
+def _execute(func: Any, mode: int, frames: List[Any]) -> Tuple[bool, Any]:
+    loaded, args = _load_arguments(frames)
+    if not loaded:
+        return False, args
     results: List[Any] = []
     try:
         if mode == APPLY:
@@ -128,6 +139,35 @@ def _execute(func: Any, mode: int, frames: List[Any]) -> Tuple[bool, Any]:
         if mode != APPLY:
             exc.__dict__[ITEM_ATTRIBUTE] = len(results)  # the pool names the item's index
         return False, ExceptionWithTraceback(exc, exc.__traceback__)
+
+
+def _execute_every_item(func: Any, mode: Any, frames: List[Any]) -> Tuple[bool, Any]:
+    """:func:`_execute` for a pool with ``error_handling``: an item of a map chunk that
+    raises does not stop the others, and the chunk's failure is a
+    :class:`~.rerun.ChunkErrors`. ``mode`` may be ``(mode, offsets)``: run only the
+    items at those offsets (the others succeeded in an earlier run)."""
+    offsets = None
+    if type(mode) is tuple:
+        mode, offsets = mode
+    if mode == APPLY:
+        return _execute(func, mode, frames)
+    loaded, args = _load_arguments(frames)
+    if not loaded:
+        return False, args
+    if offsets is None:
+        offsets = range(len(args))
+    values: List[Any] = []
+    errors = {}
+    for offset in offsets:
+        try:
+            values.append(func(args[offset]) if mode == MAP else func(*args[offset]))
+        except Exception as exc:
+            exc.__dict__[ITEM_ATTRIBUTE] = offset   # the pool names the item's index
+            errors[offset] = ExceptionWithTraceback(exc, exc.__traceback__)
+            values.append(None)
+    if errors:
+        return False, ChunkErrors(list(offsets), values, errors)
+    return True, values
 
 
 def _inline(mode: int, value: Any) -> bool:
@@ -149,10 +189,12 @@ def _encode_result(ok: bool, value: Any) -> Tuple[bool, List[Any]]:
 class Worker:
     """State of one worker: its connection, known functions, queued tasks, results."""
 
-    def __init__(self, conn: WorkerConnection, worker_id: int, maxtasks: Optional[int]) -> None:
+    def __init__(self, conn: WorkerConnection, worker_id: int, maxtasks: Optional[int],
+                 error_handling: bool = False) -> None:
         self.conn = conn
         self.worker_id = worker_id
         self.maxtasks = maxtasks
+        self.execute = _execute_every_item if error_handling else _execute
         self.functions: Dict[int, Any] = {}
         self.cache: Dict[int, bytes] = {}   # shared large arguments, by key
         self.globals = _Globals()
@@ -277,7 +319,7 @@ class Worker:
                 ok, value = False, TaskDeserializationError(
                     f"the pool sent no cached argument {exc}", "")
             else:
-                ok, value = _execute(func, mode, frames)
+                ok, value = self.execute(func, mode, frames)
         self._add_result(task_id, ok, value, mode, time.perf_counter() - started)
         self.done += 1
         if self._flush_due():
@@ -305,13 +347,14 @@ class Worker:
 
 
 def run_worker(address: tuple, worker_id: int, token: str, initializer: Optional[Callable[..., Any]],
-               initargs: Sequence[Any], maxtasks: Optional[int], heartbeat_interval: float) -> None:
+               initargs: Sequence[Any], maxtasks: Optional[int], heartbeat_interval: float,
+               error_handling: bool = False) -> None:
     """Entry point of a pool worker job (the target of its :class:`fiberrl.Process`)."""
     conn = WorkerConnection(*address)
     watch = parent_watch()   # the job's one liveness stream, to the pool's process
     if watch is not None:
         watch.set_interval(heartbeat_interval)   # as often as this pool needs to hear
-    worker = Worker(conn, worker_id, maxtasks)
+    worker = Worker(conn, worker_id, maxtasks, error_handling)
     global _current
     _current = worker
     try:
