@@ -74,11 +74,12 @@ class Config:
     heartbeat_timeout: float = 10.0
     """Seconds without a heartbeat after which a peer connection is considered dead."""
     spin_wait_us: float = 50.0
-    """Microseconds a process waiting on a ``Pipe`` keeps polling (yielding its CPU)
-    before it sleeps, while its peer answers that fast; ``0`` always sleeps at once.
-    Waking a sleeping process on another core costs ~40 us on a VM; polling a little
-    turns a quick reply into a ~10 us round trip. Adaptive: a peer that keeps taking
-    longer than this is waited for asleep, at no polling cost."""
+    """Microseconds a process waiting on a ``Pipe`` or a manager reply may poll before
+    it sleeps; ``0`` always sleeps at once. Waking a sleeping process on another core
+    costs ~40 us on a VM; polling a little turns a quick reply into a ~20 us round
+    trip. It polls only while the machine has a core to spare (no more runnable
+    threads than CPUs) and while its peer answers that fast, so a busy machine or a
+    slow peer costs no polling (docs/architecture.md, "Waiting on a busy machine")."""
     max_task_retries: int = 3
     """Workers that may die while running one pool task before the task fails."""
     time_limit_margin: float = 120.0

@@ -117,6 +117,23 @@ def test_no_spin_without_the_machines_state_or_with_a_slow_peer(fake_loadavg, tm
     assert not spin.core_to_spare()           # unknown state: sleep, as the stdlib does
 
 
+def test_a_cgroup_cpu_quota_caps_the_usable_cpus(tmp_path):
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")   # docker run --cpus=1.5
+    assert spin._cgroup_cpu_quota(str(v2)) == 1.5
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert spin._cgroup_cpu_quota(str(v2)) is None
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert spin._cgroup_cpu_quota(str(v1)) == 4.0
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert spin._cgroup_cpu_quota(str(v1)) is None
+    assert spin._cgroup_cpu_quota(str(tmp_path / "none")) is None
+
+
 def test_parse_runnable():
     assert spin.parse_runnable(b"0.52 0.58 0.59 3/812 5471\n") == 3
     assert spin.parse_runnable(b"0.52 0.58 0.59 17/812 5471") == 17

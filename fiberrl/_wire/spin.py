@@ -157,20 +157,19 @@ def usable_cpus() -> int:
     return max(1, cpus or 1)
 
 
-def _cgroup_cpu_quota() -> Optional[float]:
+def _cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> Optional[float]:
     """CPUs' worth of time the cgroup of this process may use (``--cpus`` of a
     container, a Slurm or systemd CPU quota), or None when unlimited or unknown."""
-    for path in ("/sys/fs/cgroup/cpu.max",):   # cgroup v2, as seen from inside the group
-        try:
-            with open(path) as fh:
-                quota, period = fh.read().split()[:2]
-        except (OSError, ValueError):
-            continue
+    try:   # cgroup v2, as seen from inside the group
+        with open(os.path.join(root, "cpu.max")) as fh:
+            quota, period = fh.read().split()[:2]
         return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
     try:   # cgroup v1
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as fh:
+        with open(os.path.join(root, "cpu", "cpu.cfs_quota_us")) as fh:
             quota_us = int(fh.read())
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as fh:
+        with open(os.path.join(root, "cpu", "cpu.cfs_period_us")) as fh:
             period_us = int(fh.read())
     except (OSError, ValueError):
         return None
