@@ -71,6 +71,7 @@ class MemberWriters:
     write again (those after its newest checkpoint)."""
 
     def __init__(self, out: Path, members: List[MemberRecord], resumed: bool) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401  (slow: import it before reports come)
         self.out, self.members, self.resumed = out, members, resumed
         self.writers: Dict[int, Any] = {}
 
