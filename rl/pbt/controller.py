@@ -239,7 +239,8 @@ class _Controller:
 
     def _report(self, member: MemberRecord, report: Report) -> None:
         member.env_steps = report.env_steps
-        member.evaluations.append([report.env_steps, report.eval_mean, report.eval_std])
+        member.evaluations.append([report.env_steps, report.eval_mean, report.eval_std,
+                                   round(self._wall_s(), 3)])
         member.train_s += report.train_s
         member.wait_s = report.wait_s
         member.deaths_in_a_row = 0

@@ -36,7 +36,7 @@ class MemberRecord:
     hyperparameters: Dict[str, Any]            # in force now
     initial: Dict[str, Any]                    # drawn at the start
     env_steps: int = 0                         # at its latest report
-    evaluations: List[List[float]] = field(default_factory=list)  # [env_steps, mean, std]
+    evaluations: List[List[float]] = field(default_factory=list)  # [env_steps, mean, std, wall_s]
     schedule: List[List[Any]] = field(default_factory=list)       # [env_steps, {values}] changes
     lineage: List[Dict[str, Any]] = field(default_factory=list)   # its exploits, in order
     status: str = RUNNING
