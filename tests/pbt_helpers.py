@@ -42,12 +42,18 @@ def _wrap(trainee, on_step):
     return trainee
 
 
-def slow_member_zero(spec):
-    """Member 0's vector steps take 50 ms more each (PPO on CartPole takes well under 1 ms)."""
+def stalled_member_zero(spec):
+    """Member 0 stalls 300 env steps into its first interval until the file ``release``
+    appears in the population's folder (the slowest member there can be)."""
     trainee = build_ppo(spec)
-    if _member(spec) == 0:
-        return _wrap(trainee, lambda steps: time.sleep(0.05))
-    return trainee
+    if _member(spec) != 0:
+        return trainee
+    release = Path(spec.out).parent.parent / "release"
+
+    def stall(steps):
+        while steps >= 300 and not release.exists():
+            time.sleep(0.05)
+    return _wrap(trainee, stall)
 
 
 def kill_member_one_once(spec):
