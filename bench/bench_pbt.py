@@ -12,6 +12,8 @@ search of the same members, and Ray Tune's PBT scheduler over the same PPO train
   is on), the same exported policy.pt re-evaluated on 50 episodes of unseen seeds (the
   best of 8 noisy evaluations is biased upwards), wall time, the PBT/random wall ratio,
   and where the members' time went (training, waiting for the controller).
+- fixed: the same with ``num_epochs`` left out of the space, so both modes do the same
+  work per env step and the wall ratio shows the framework's own cost.
 - ray: Ray Tune's ``PopulationBasedTraining`` (asynchronous, quantile 0.25, resample
   0.25, perturbation every 10,000 env steps) over the same PPO training function, the
   same default search space and budget, 8 trials on a Ray of 8 logical CPUs (the same
@@ -62,36 +64,55 @@ def one(seed: int) -> None:
           f"{time.perf_counter() - started:.1f} s wall", flush=True)
 
 
-def population(seed: int, interval: int, out: Path) -> dict:
+def mean_epochs(out: Path) -> float:
+    """PPO epochs per batch, averaged over every member's env steps (compute per step)."""
+    state = json.loads((out / "population.json").read_text())
+    total = 0.0
+    for member in state["members"]:
+        schedule = member["schedule"] + [[STEPS, None]]
+        for (step, values), (end, _) in zip(schedule[:-1], schedule[1:]):
+            total += values["num_epochs"] * (end - step)
+    return total / (STEPS * len(state["members"]))
+
+
+def population(seed: int, interval: int, out: Path, search=None) -> dict:
     """One population run; its figures."""
     from rl.pbt import PopulationSpec, train_population
     from rl.registry import TrainSpec
     started = time.perf_counter()
     summary = train_population(PopulationSpec(
         TrainSpec(ALGO, ENV, out, seed=seed, total_steps=STEPS, progress=False),
-        population=MEMBERS, interval=interval))
+        population=MEMBERS, interval=interval, search=search))
     wall = time.perf_counter() - started
     return {"seed": seed, "mode": summary["mode"], "best": summary["eval_mean"],
             "best_member": summary["best_member"], "reeval": _load(out), "wall_s": wall,
             "exploits": summary["exploits"], "train_s": summary["train_s"],
-            "wait_s": summary["wait_s"],
+            "cpu_s": summary["cpu_s"], "wait_s": summary["wait_s"],
+            "controller_cpu_s": summary["controller_cpu_s"],
+            "epochs": mean_epochs(out) if search is None else None,
+            "restarts": sum(m["restarts"] for m in summary["population"]),
             "finals": sorted(round(m["final_eval"], 1) for m in summary["population"])}
 
 
-def campaign(seeds, out: Path) -> list:
+def campaign(seeds, out: Path, search=None) -> list:
+    """PBT and the random search per seed, interleaved; ``search`` None: the default space."""
     rows = []
+    tag = "" if search is None else "fixed-"
     for seed in seeds:
         order = (INTERVAL, 0) if seed % 2 == 0 else (0, INTERVAL)
         for interval in order:
-            row = population(seed, interval, out / f"{'pbt' if interval else 'rs'}-{seed}")
+            row = population(seed, interval, out / f"{tag}{'pbt' if interval else 'rs'}-{seed}",
+                             search)
             rows.append(row)
             print(json.dumps(row), flush=True)
     print("\n| seed | mode | best final eval (10 ep) | best re-evaluated (50 ep) | wall s | exploits |"
-          " member train s | member wait s |")
-    print("|---|---|---|---|---|---|---|---|")
+          " member CPU s | mean epochs | member wait s | controller CPU s | restarts |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        epochs = "-" if r["epochs"] is None else f"{r['epochs']:.1f}"
         print(f"| {r['seed']} | {r['mode']} | {r['best']:.1f} | {r['reeval']:.1f} | "
-              f"{r['wall_s']:.1f} | {r['exploits']} | {r['train_s']:.0f} | {r['wait_s']:.1f} |")
+              f"{r['wall_s']:.1f} | {r['exploits']} | {r['cpu_s']:.0f} | {epochs} | "
+              f"{r['wait_s']:.1f} | {r['controller_cpu_s']:.1f} | {r['restarts']} |")
     for seed in seeds:
         pbt = next(r for r in rows if r["seed"] == seed and r["mode"] == "pbt")
         rs = next(r for r in rows if r["seed"] == seed and r["mode"] == "random_search")
@@ -183,7 +204,9 @@ def ray_pbt(seed: int, out: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("one", "campaign", "ray"), default="campaign")
+    parser.add_argument("--part", choices=("one", "campaign", "fixed", "ray"), default="campaign",
+                        help="fixed: the campaign with the default space less num_epochs, so "
+                             "that PBT and the random search do the same work per env step")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="bench-pbt-")))
     args = parser.parse_args()
@@ -193,6 +216,11 @@ def main() -> None:
             one(seed)
     elif args.part == "campaign":
         campaign(args.seeds, args.out)
+    elif args.part == "fixed":
+        from rl.pbt import default_space
+        space = default_space(ALGO, discrete=False)
+        space.pop("num_epochs")
+        campaign(args.seeds, args.out, search=space)
     else:
         for seed in args.seeds:
             print(json.dumps(ray_pbt(seed, args.out)), flush=True)

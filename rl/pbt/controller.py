@@ -122,7 +122,7 @@ class _Controller:
         self.procs: Dict[int, Any] = {}
         self.conns: Dict[int, Any] = {}
         self.latest: Dict[int, Dict[str, Any]] = {}  # member -> its newest checkpoint
-        self.started = time.perf_counter()
+        self.started, self.cpu_started = time.perf_counter(), time.process_time()
         self.out.mkdir(parents=True, exist_ok=True)
         if spec.train.resume and self.state_path.exists():
             self.state = self._resumed()
@@ -209,7 +209,7 @@ class _Controller:
             self.writers.close()
         self._save()
         summary = outputs.finish(self.out, self.state, self.spec, self.builder, self.latest,
-                                 self._wall_s())
+                                 self._wall_s(), time.process_time() - self.cpu_started)
         finished = [m for m in self.state.members if m.status == FINISHED]
         if not finished:
             reasons = "; ".join(f"member {m.index}: {m.reason}" for m in self.state.members)
@@ -242,6 +242,7 @@ class _Controller:
         member.evaluations.append([report.env_steps, report.eval_mean, report.eval_std,
                                    round(self._wall_s(), 3)])
         member.train_s += report.train_s
+        member.cpu_s += report.cpu_s
         member.wait_s = report.wait_s
         member.deaths_in_a_row = 0
         self.writers.write(member.index, report.scalars, member.hyperparameters)

@@ -67,6 +67,7 @@ class Report:
     counters: Dict[str, Any]       # the run's counters (RunState.counters)
     scalars: List[Tuple[str, int, float]]  # (tag, env step, value) since the last report
     train_s: float                 # seconds spent training since the last report
+    cpu_s: float                   # CPU seconds of this process since the last report
     wait_s: float                  # seconds spent waiting for the controller, in all
     final: bool = False
 
@@ -100,7 +101,7 @@ class MemberHook(Hook):
         self.conn, self.start, self.eval_env = conn, start, eval_env
         self.next_at = start.report_every
         self.scalars: List[Tuple[str, int, float]] = []
-        self.clock = time.perf_counter()
+        self.clock, self.cpu = time.perf_counter(), time.process_time()
         self.wait_s = 0.0  # seconds spent waiting for the controller (its overhead)
 
     def experiment_pre(self, run: RunState) -> None:
@@ -110,7 +111,7 @@ class MemberHook(Hook):
             run.restore(checkpoint["run"])
         run.policy.set_hyperparameters(self.start.hyperparameters)
         self.next_at = (run.env_steps // self.start.report_every + 1) * self.start.report_every
-        self.clock = time.perf_counter()
+        self.clock, self.cpu = time.perf_counter(), time.process_time()
 
     def episode_post(self, run: RunState, episode: Episode) -> None:
         self.scalars.append(("train/episode_return", run.env_steps, float(episode.ret)))
@@ -129,11 +130,13 @@ class MemberHook(Hook):
         from ..evaluation import evaluate
         train_s = time.perf_counter() - self.clock
         result = evaluate(run.policy, self.eval_env, self.start.eval_episodes)
+        cpu_s = time.process_time() - self.cpu
         run.evaluations.append((run.env_steps, result.mean, result.std))
         self.scalars.append(("eval/mean_return", run.env_steps, result.mean))
         sent = time.perf_counter()
         self.conn.send(Report(run.env_steps, result.mean, result.std, run.policy.state_dict(),
-                              run.counters(), self.scalars, train_s, self.wait_s, final))
+                              run.counters(), self.scalars, train_s, cpu_s, self.wait_s,
+                              final))
         self.scalars = []
         directive: Directive = self.conn.recv()
         if directive.adopt is not None:
@@ -142,7 +145,7 @@ class MemberHook(Hook):
             run.policy.set_hyperparameters(directive.hyperparameters)
         self.next_at = (run.env_steps // self.start.report_every + 1) * self.start.report_every
         self.wait_s += time.perf_counter() - sent
-        self.clock = time.perf_counter()
+        self.clock, self.cpu = time.perf_counter(), time.process_time()
 
 
 def member_main(conn: Any, start: MemberStart) -> None:

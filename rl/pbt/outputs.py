@@ -216,14 +216,17 @@ def member_summary(member: MemberRecord) -> Dict[str, Any]:
             "final_eval_std": final[2] if final else None,
             "hyperparameters": member.hyperparameters, "initial_hyperparameters": member.initial,
             "lineage": member.lineage, "restarts": member.restarts, "host": member.host,
-            "train_s": round(member.train_s, 3), "wait_s": round(member.wait_s, 3),
+            "train_s": round(member.train_s, 3), "cpu_s": round(member.cpu_s, 3),
+            "wait_s": round(member.wait_s, 3),
             "curve": [[e[0], e[1]] for e in member.evaluations]}
 
 
 def finish(out: Path, state: PopulationState, spec: Any, builder: Any,
-           latest: Dict[int, Dict[str, Any]], wall_s: float) -> Dict[str, Any]:
+           latest: Dict[int, Dict[str, Any]], wall_s: float,
+           controller_cpu_s: float) -> Dict[str, Any]:
     """Write ``summary.json``, ``population.png`` and the best member's ``policy.pt``;
-    return the summary."""
+    return the summary. ``controller_cpu_s``: the controller's own CPU seconds (this run
+    of it), the framework's cost next to the members' ``cpu_s``."""
     import json
     from ..envs import reward_threshold
     best = best_member(state)
@@ -239,7 +242,9 @@ def finish(out: Path, state: PopulationState, spec: Any, builder: Any,
         "env_steps": sum(m.env_steps for m in state.members),
         "wall_s": round(wall_s, 3),
         "train_s": round(sum(m.train_s for m in state.members), 3),
+        "cpu_s": round(sum(m.cpu_s for m in state.members), 3),
         "wait_s": round(sum(m.wait_s for m in state.members), 3),
+        "controller_cpu_s": round(controller_cpu_s, 3),
         "best_member": best.index if best else None,
         "eval_mean": best.final_eval[1] if best else None,
         "eval_std": best.final_eval[2] if best else None,

@@ -47,6 +47,7 @@ class MemberRecord:
     host: Optional[str] = None
     pid: Optional[int] = None
     train_s: float = 0.0                       # seconds its processes spent training
+    cpu_s: float = 0.0                         # CPU seconds of training and evaluation
     wait_s: float = 0.0                        # seconds they spent waiting for the controller
 
     @property
