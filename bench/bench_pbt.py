@@ -105,8 +105,8 @@ def campaign(seeds, out: Path, search=None) -> list:
                              search)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print("\n| seed | mode | best final eval (10 ep) | best re-evaluated (50 ep) | wall s | exploits |"
-          " member CPU s | mean epochs | member wait s | controller CPU s | restarts |")
+    print("\n| seed | mode | best final eval (10 ep) | best re-evaluated (50 ep) | wall s |"
+          " exploits | member CPU s | mean epochs | member wait s | controller CPU s | restarts |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         epochs = "-" if r["epochs"] is None else f"{r['epochs']:.1f}"
@@ -178,15 +178,16 @@ def ray_pbt(seed: int, out: Path) -> dict:
              "gae_lambda": [0.8, 0.9, 0.95, 0.98], "clip": tune.uniform(0.1, 0.3),
              "ent_coef": [0.0, 1e-4, 1e-3, 1e-2], "num_epochs": tune.randint(4, 16)}
     started = time.perf_counter()
+    here = Path(__file__).resolve().parent
     ray.init(num_cpus=MEMBERS, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
-                 [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)])}})
+             runtime_env={"env_vars": {"PYTHONPATH": f"{here.parent}{os.pathsep}{here}"}})
     try:
         scheduler = PopulationBasedTraining(
             time_attr="env_steps", perturbation_interval=INTERVAL, hyperparam_mutations=space,
             quantile_fraction=0.25, resample_probability=0.25)
         param_space = {"seed": tune.randint(0, 10**6),
-                       **{k: (tune.choice(v) if isinstance(v, list) else v) for k, v in space.items()}}
+                       **{k: (tune.choice(v) if isinstance(v, list) else v)
+                          for k, v in space.items()}}
         tuner = tune.Tuner(
             ray_trainable, param_space=param_space,
             tune_config=tune.TuneConfig(scheduler=scheduler, num_samples=MEMBERS,
@@ -198,7 +199,8 @@ def ray_pbt(seed: int, out: Path) -> dict:
         best = max(f for f in finals if f is not None)
     finally:
         ray.shutdown()
-    return {"seed": seed, "mode": "ray_tune_pbt", "best": best, "wall_s": time.perf_counter() - started,
+    return {"seed": seed, "mode": "ray_tune_pbt", "best": best,
+            "wall_s": time.perf_counter() - started,
             "finals": sorted(round(f, 1) for f in finals if f is not None)}
 
 

@@ -70,7 +70,8 @@ def exported_module(agent: Any) -> nn.Module:
     if isinstance(agent, TD3):
         return ExportedActor(None, copy.deepcopy(agent.greedy_actor()), agent.action_size,
                              features=features)
-    raise TypeError(f"no export for {type(agent).__name__} agents (PPO, DQN, TD3 and DDPG have one)")
+    raise TypeError(f"no export for {type(agent).__name__} agents (PPO, DQN, TD3 and DDPG "
+                    "have one)")
 
 
 def export_agent(agent: Any, path: Union[str, Path]) -> Dict[str, Any]:

@@ -183,7 +183,8 @@ def test_exploit_copies_the_whole_state_through_a_member(tmp_path):
     assert receiver.optimizer.param_groups[0]["lr"] == 0.0005  # explore reached the optimizer
     # its own random stream: the next exploring actions differ from the donor's
     torch.manual_seed(0)
-    assert not np.allclose(receiver.compute_actions(obs, True)[0], donor.compute_actions(obs, True)[0])
+    assert not np.allclose(receiver.compute_actions(obs, True)[0],
+                           donor.compute_actions(obs, True)[0])
     donor_env.close()
     receiver_env.close()
 
@@ -282,7 +283,8 @@ def _cartpole_member(out, index, hyperparameters):
     newest = sorted((out / "members" / f"m{index:02d}" / "checkpoints").glob("step-*.pt"),
                     key=lambda p: int(p.stem[5:]))[-1]
     env = rl.make_vector_env("CartPole-v1", 2, seed=0)
-    policy = PPO(env.observation_space, env.action_space, config={**CARTPOLE, "total_steps": 2048, **hyperparameters})
+    policy = PPO(env.observation_space, env.action_space,
+                 config={**CARTPOLE, "total_steps": 2048, **hyperparameters})
     policy.load_state_dict(torch.load(newest, weights_only=False)["policy"])
     return policy, env
 
@@ -292,9 +294,11 @@ def test_random_search_trains_the_same_members_without_exploits(tmp_path):
     assert summary["mode"] == "random_search" and summary["exploits"] == 0
     pbt = train_population(_population(tmp_path / "pbt", population=3, total=512, interval=256))
     for member, same in zip(summary["population"], pbt["population"]):
-        assert member["lineage"] == [] and member["hyperparameters"] == member["initial_hyperparameters"]
+        assert member["lineage"] == []
+        assert member["hyperparameters"] == member["initial_hyperparameters"]
         assert member["initial_hyperparameters"] == same["initial_hyperparameters"]
-        assert [p[0] for p in member["curve"]] == [256, 512, 768, 1024]  # reports every total/10, rounded up to batches
+        # reports every total/10 env steps, after the learning step that crosses it
+        assert [p[0] for p in member["curve"]] == [256, 512, 768, 1024]
 
 
 def test_a_stalled_member_does_not_hold_up_the_others(tmp_path):
@@ -425,10 +429,45 @@ def test_population_flags_are_checked_before_any_work(tmp_path, capsys):
 
 
 # -- other backends -------------------------------------------------------------------------
-@pytest.mark.parametrize("fiberrl_backend", ["slurm"], indirect=True)
-def test_population_on_slurm(tmp_path, fiberrl_backend):
-    summary = train_population(_population(tmp_path, population=4, total=2048, interval=512,
-                                           quantile=0.5))
-    assert [m["status"] for m in summary["population"]] == ["finished"] * 4
-    assert all(m["env_steps"] == 2048 for m in summary["population"])
+TWO_NODE_MASTER = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import fiberrl, pbt_helpers
+from rl.pbt import PopulationSpec, train_population
+from rl.registry import TrainSpec
+
+if __name__ == "__main__":
+    fiberrl.init(backend="slurm")
+    train = TrainSpec("ppo", "CartPole-v1", {out!r}, seed=0, total_steps=2048, eval_episodes=2,
+                      progress=False, overrides={{"rollout_length": 64, "minibatch_size": 64}})
+    summary = train_population(PopulationSpec(
+        train, population=4, interval=512, quantile=0.5, builder=pbt_helpers.kill_member_one_once,
+        member_resources={{"cpu": 4, "mem": "1G"}}))  # 8-CPU nodes: two members on each
+    print("RESULT", json.dumps(summary), flush=True)
+"""
+
+
+def test_population_on_two_slurm_nodes(tmp_path):
+    """N=4 on the real two-node Slurm cluster, each member a job; member 1 SIGKILLs its
+    own job once and is restarted as a new job from its checkpoint."""
+    import slurm_cluster
+    conf = slurm_cluster.up("two-node")
+    master = tmp_path / "master.py"
+    master.write_text(TWO_NODE_MASTER.format(tests=str(HERE), out=str(tmp_path / "run")))
+    env = {**os.environ, "SLURM_CONF": conf, "PYTHONPATH": str(HERE.parent),
+           "FIBERRL_EXTRA": json.dumps({"slurm_log_dir": str(tmp_path)})}
+    env.pop("FIBERRL_BACKEND", None)
+    try:
+        done = subprocess.run([sys.executable, str(master)], env=env, capture_output=True,
+                              text=True, timeout=400)
+    finally:
+        slurm_cluster.assert_no_live_jobs(conf, grace=30)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout.split("RESULT ", 1)[1])
+    population = summary["population"]
+    assert [m["status"] for m in population] == ["finished"] * 4
+    assert all(m["env_steps"] == 2048 for m in population)
+    assert {m["host"] for m in population} == {"fbrl-n1", "fbrl-n2"}
+    assert [m["restarts"] for m in population] == [0, 1, 0, 0]
+    assert [p[0] for p in population[1]["curve"]] == [512, 1024, 1536, 2048]
     assert (tmp_path / "run" / "policy.pt").exists()

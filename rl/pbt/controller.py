@@ -70,7 +70,7 @@ class PopulationSpec:
     search: Optional[Dict[str, spaces.Param]] = None  # None: the algorithm's default space
     quantile: float = 0.25           # fraction of the population that copies / is copied
     resample_probability: float = 0.25  # explore: resample instead of perturbing a value
-    max_restarts: int = 3            # deaths in a row (no report between) before a member is dropped
+    max_restarts: int = 3            # restarts in a row (no report between); one more death drops
     member_resources: Dict[str, Any] = field(default_factory=lambda: {"mem": "1G"})  # per process
     builder: Optional[Callable[[TrainSpec], Any]] = None  # default: ALGORITHMS[train.algo]
 
@@ -85,7 +85,8 @@ def check_spec(spec: PopulationSpec) -> None:
     if spec.population < 2:
         raise ValueError(f"a population needs at least 2 members, got {spec.population}")
     if spec.interval is not None and spec.interval < 0:
-        raise ValueError(f"interval must be 0 (random search) or more env steps, got {spec.interval}")
+        raise ValueError(f"interval must be 0 (random search) or more env steps, got "
+                         f"{spec.interval}")
     if not 0.0 < spec.quantile <= 0.5:
         raise ValueError(f"quantile must be in (0, 0.5], got {spec.quantile}")
     if not 0.0 <= spec.resample_probability <= 1.0:
@@ -132,7 +133,8 @@ class _Controller:
         self.rng = np.random.default_rng()
         if self.state.rng:
             self.rng.bit_generator.state = self.state.rng
-        self.writers = outputs.MemberWriters(self.out, self.state.members, resumed=spec.train.resume)
+        self.writers = outputs.MemberWriters(self.out, self.state.members,
+                                             resumed=spec.train.resume)
         self.progress = outputs.PopulationProgress(self.state, spec.train.progress)
 
     # -- setting up -------------------------------------------------------------------

@@ -46,7 +46,8 @@ def is_discrete_env(env: Any) -> bool:
 
 def save_checkpoint(out: Path, member: MemberRecord, checkpoint: Dict[str, Any]) -> str:
     """Write ``checkpoint`` (``policy`` and ``run``) with the member's hyperparameters as
-    ``step-N.pt``; keep the newest :data:`KEEP_CHECKPOINTS`. Returns its path relative to ``out``."""
+    ``step-N.pt``; keep the newest :data:`KEEP_CHECKPOINTS`. Returns its path relative to
+    ``out``."""
     import torch
     directory = out / member_dir(member.index) / "checkpoints"
     directory.mkdir(parents=True, exist_ok=True)
@@ -71,7 +72,8 @@ class MemberWriters:
     write again (those after its newest checkpoint)."""
 
     def __init__(self, out: Path, members: List[MemberRecord], resumed: bool) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # noqa: F401  (slow: import it before reports come)
+        # slow to import: do it before the first report waits on it
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
         self.out, self.members, self.resumed = out, members, resumed
         self.writers: Dict[int, Any] = {}
 

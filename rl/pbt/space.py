@@ -108,7 +108,7 @@ class LogUniform(Param):
         return (self.low, self.high)
 
     def spec(self) -> str:
-        return f"loguniform:{self.low:g}:{self.high:g}"
+        return f"loguniform:{self.low!r}:{self.high!r}"
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ class Uniform(Param):
         return (self.low, self.high)
 
     def spec(self) -> str:
-        return f"uniform:{self.low:g}:{self.high:g}"
+        return f"uniform:{self.low!r}:{self.high!r}"
 
 
 @dataclass(frozen=True)
@@ -234,7 +234,8 @@ def parse_param(spec: str) -> Param:
     if kind in ("loguniform", "uniform", "int"):
         parts = rest.split(":")
         if len(parts) != 2 or not all(parts):
-            raise ValueError(f"{kind} takes LOW:HIGH (e.g. {kind}:{'1e-5:3e-3' if kind == 'loguniform' else '1:10'})")
+            example = "1e-5:3e-3" if kind == "loguniform" else "1:10"
+            raise ValueError(f"{kind} takes LOW:HIGH (e.g. {kind}:{example})")
         if kind == "int":
             return IntRange(_integer(parts[0], "LOW"), _integer(parts[1], "HIGH"))
         low, high = _number(parts[0], "LOW"), _number(parts[1], "HIGH")
@@ -253,7 +254,8 @@ def parse_search(items: Sequence[str]) -> SearchSpace:
     for item in items:
         key, sep, spec = item.partition("=")
         if not sep or not key or not spec:
-            raise ValueError(f"--search takes KEY=SPEC (e.g. lr=loguniform:1e-5:3e-3), got {item!r}")
+            raise ValueError(f"--search takes KEY=SPEC (e.g. lr=loguniform:1e-5:3e-3), got "
+                             f"{item!r}")
         if key in space:
             raise ValueError(f"--search {key} is given twice")
         try:
