@@ -289,6 +289,22 @@ def _cartpole_member(out, index, hyperparameters):
     return policy, env
 
 
+@pytest.mark.parametrize("algo, env_id, settings", [
+    ("dqn", "CartPole-v1", {"learning_starts": 100, "minibatch_size": 32, "hidden": [32]}),
+    ("td3", "Pendulum-v1", {"learning_starts": 100, "batch_size": 32, "hidden": [32, 32]}),
+])
+def test_dqn_and_td3_populations_run_through_the_same_code(tmp_path, algo, env_id, settings):
+    train = TrainSpec(algo, env_id, tmp_path / "run", seed=0, total_steps=600, eval_episodes=1,
+                      progress=False, overrides=settings)
+    summary = train_population(PopulationSpec(train, population=3, interval=200, quantile=0.5,
+                                              member_resources={"mem": "600M"}))
+    assert [m["status"] for m in summary["population"]] == ["finished"] * 3
+    assert [p[0] for p in summary["population"][0]["curve"]] == [200, 400, 600]
+    assert set(summary["search"]) == set(spaces.default_space(algo, algo == "dqn"))
+    assert summary["exploits"] == sum(len(m["lineage"]) for m in summary["population"])
+    assert (tmp_path / "run" / "policy.pt").exists()
+
+
 def test_random_search_trains_the_same_members_without_exploits(tmp_path):
     summary = train_population(_population(tmp_path, population=3, total=1024, interval=0))
     assert summary["mode"] == "random_search" and summary["exploits"] == 0
