@@ -487,3 +487,22 @@ def test_population_on_two_slurm_nodes(tmp_path):
     assert [m["restarts"] for m in population] == [0, 1, 0, 0]
     assert [p[0] for p in population[1]["curve"]] == [512, 1024, 1536, 2048]
     assert (tmp_path / "run" / "policy.pt").exists()
+
+
+@pytest.mark.parametrize("fiberrl_backend", ["docker"], indirect=True)
+def test_population_in_docker_containers(tmp_path, fiberrl_backend):
+    """N=4, each member a container of the real dockerd; the worker image has no torch,
+    so the containers run this venv's interpreter, mounted read-only."""
+    import fiberrl
+    import backend_bindings
+    volumes = backend_bindings.docker_volumes(tmp_path)
+    for path in {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}:
+        volumes[path] = {"bind": path, "mode": "ro"}
+    fiberrl.init(backend="docker", extra={"docker_volumes": volumes,
+                                          "docker_python": sys.executable})
+    summary = train_population(_population(tmp_path, population=4, total=1024, interval=512,
+                                           quantile=0.5))
+    assert [m["status"] for m in summary["population"]] == ["finished"] * 4
+    assert all(m["env_steps"] == 1024 for m in summary["population"])
+    assert len({m["host"] for m in summary["population"]}) == 4  # one container each
+    assert (tmp_path / "run" / "policy.pt").exists()

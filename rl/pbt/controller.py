@@ -53,6 +53,7 @@ logger = logging.getLogger(__name__)
 
 MEMBER_SEED_STRIDE = 1000  # member i trains with seed + i * MEMBER_SEED_STRIDE
 POLL_S = 0.5               # how often the controller looks at processes between reports
+EXIT_GRACE_S = 30.0        # how long a member that is done may take to exit before it is killed
 
 
 class PopulationFailedError(RuntimeError):
@@ -122,6 +123,7 @@ class _Controller:
         self.state_path = self.out / "population.json"
         self.procs: Dict[int, Any] = {}
         self.conns: Dict[int, Any] = {}
+        self.exiting: List[tuple] = []  # (process, deadline) of members that are done
         self.latest: Dict[int, Dict[str, Any]] = {}  # member -> its newest checkpoint
         self.started, self.cpu_started = time.perf_counter(), time.process_time()
         self.out.mkdir(parents=True, exist_ok=True)
@@ -204,6 +206,7 @@ class _Controller:
                         self._receive(index)  # what it sent before it ended comes first
                         if index in self.procs:
                             self._died(index)
+                self._reap(wait=False)
                 self.progress.update(running=len(self.procs))
         finally:
             self._stop_all()
@@ -265,7 +268,7 @@ class _Controller:
         except (OSError, EOFError):
             pass  # it died after reporting: _died restarts it from this checkpoint
         if report.final:
-            self._forget(member.index, join=True)
+            self._forget(member.index)
         self.progress.update(running=len(self.procs))
         self.progress.reported(member, report.final)
 
@@ -292,7 +295,7 @@ class _Controller:
         proc = self.procs[index]
         proc.join(5)
         reason = proc.exit_reason or f"exit code {proc.exitcode}"
-        self._forget(index, join=False)
+        self._forget(index)
         member = self.state.members[index]
         if member.status != RUNNING:
             return  # dropped for its exception, or finished
@@ -310,26 +313,40 @@ class _Controller:
     def _drop(self, member: MemberRecord, reason: str) -> None:
         member.status, member.reason = DROPPED, reason
         logger.warning("member %d dropped: %s", member.index, reason)
-        self._forget(member.index, join=False)
+        self._forget(member.index)
         self._save()
 
-    def _forget(self, index: int, join: bool) -> None:
+    def _forget(self, index: int) -> None:
+        """Stop listening to member ``index``; its process exits on its own (reaped by
+        :meth:`_reap` without holding up the others, killed after EXIT_GRACE_S)."""
         proc, conn = self.procs.pop(index, None), self.conns.pop(index, None)
         if conn is not None:
             conn.close()
         if proc is not None:
-            proc.join(30 if join else 1)
+            self.exiting.append((proc, time.monotonic() + EXIT_GRACE_S))
+
+    def _reap(self, wait: bool) -> None:
+        """Join the processes of members that are done; kill those past their grace
+        (``wait``: wait for each up to its deadline first)."""
+        left = []
+        for proc, deadline in self.exiting:
+            if wait:
+                proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive() and time.monotonic() < deadline:
+                left.append((proc, deadline))
+                continue
             if proc.is_alive():
                 proc.kill()
-                proc.join(5)
+            proc.join(5)
+        self.exiting = left
 
     def _stop_all(self) -> None:
-        for index in list(self.procs):
-            proc = self.procs[index]
+        for proc in self.procs.values():
             if proc.is_alive():
                 proc.terminate()
         for index in list(self.procs):
-            self._forget(index, join=False)
+            self._forget(index)
+        self._reap(wait=True)
 
     def _wall_s(self) -> float:
         return self.state.wall_s + time.perf_counter() - self.started
