@@ -492,14 +492,17 @@ def test_population_on_two_slurm_nodes(tmp_path):
 @pytest.mark.parametrize("fiberrl_backend", ["docker"], indirect=True)
 def test_population_in_docker_containers(tmp_path, fiberrl_backend):
     """N=4, each member a container of the real dockerd; the worker image has no torch,
-    so the containers run this venv's interpreter, mounted read-only."""
+    so the containers run this venv's interpreter, mounted read-only. Each container has
+    its own PID namespace: the run-wide namespace holder would be started with that
+    interpreter but without the mounts, and fail."""
     import fiberrl
     import backend_bindings
     volumes = backend_bindings.docker_volumes(tmp_path)
     for path in {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}:
         volumes[path] = {"bind": path, "mode": "ro"}
     fiberrl.init(backend="docker", extra={"docker_volumes": volumes,
-                                          "docker_python": sys.executable})
+                                          "docker_python": sys.executable,
+                                          "docker_pid_namespace": "private"})
     summary = train_population(_population(tmp_path, population=4, total=1024, interval=512,
                                            quantile=0.5))
     assert [m["status"] for m in summary["population"]] == ["finished"] * 4
