@@ -289,6 +289,7 @@ def _cartpole_member(out, index, hyperparameters):
     return policy, env
 
 
+@pytest.mark.slow  # a population each of DQN and TD3 (TD3 updates every step)
 @pytest.mark.parametrize("algo, env_id, settings", [
     ("dqn", "CartPole-v1", {"learning_starts": 100, "minibatch_size": 32, "hidden": [32]}),
     ("td3", "Pendulum-v1", {"learning_starts": 100, "batch_size": 32, "hidden": [32, 32]}),
@@ -305,6 +306,7 @@ def test_dqn_and_td3_populations_run_through_the_same_code(tmp_path, algo, env_i
     assert (tmp_path / "run" / "policy.pt").exists()
 
 
+@pytest.mark.slow  # two populations
 def test_random_search_trains_the_same_members_without_exploits(tmp_path):
     summary = train_population(_population(tmp_path, population=3, total=1024, interval=0))
     assert summary["mode"] == "random_search" and summary["exploits"] == 0
@@ -372,6 +374,7 @@ def test_a_member_that_keeps_dying_is_dropped_and_the_run_goes_on(tmp_path):
     assert summary["best_member"] != 2 and (tmp_path / "run" / "policy.pt").exists()
 
 
+@pytest.mark.slow  # the command twice, in subprocesses
 def test_resume_after_the_controller_is_killed(tmp_path):
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "rl", "train", "ppo", "--env", "CartPole-v1", "--population",
