@@ -1,6 +1,6 @@
 """Reinforcement learning on fiberrl: environments, a run loop with hooks, a
-functional policy builder, ES and PPO populations whose work runs in fiberrl
-processes on any backend, the DQN family and DDPG/TD3, Horizon's data pipeline
+functional policy builder, ES and PPO populations (population-based training,
+:mod:`rl.pbt`) whose work runs in fiberrl processes on any backend, the DQN family and DDPG/TD3, Horizon's data pipeline
 (:mod:`rl.data`), offline training with CPE (:mod:`rl.offline`), data-parallel
 ranks (:mod:`rl.distributed`) and exported policies (:mod:`rl.export`, :mod:`rl.serving`).
 
@@ -22,7 +22,7 @@ _EXPORTS = {
     "ParametricDQN": "rl.algos.parametric_dqn", "TD3": "rl.algos.td3", "DDPG": "rl.algos.td3",
     "TrainSpec": "rl.train", "train": "rl.train",
     "hooks": None, "envs": None, "outputs": None, "data": None, "offline": None,
-    "distributed": None, "export": None, "serving": None,
+    "distributed": None, "export": None, "serving": None, "pbt": None, "agent_export": None,
 }
 
 __all__ = sorted(_EXPORTS)

@@ -54,7 +54,65 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="data-parallel learner ranks, one fiberrl process each (ppo, td3, ddpg)")
     parser.add_argument("--devices", choices=("cpu", "cuda"), default=None,
                         help="cpu (gloo, default) or cuda (one GPU per rank, NCCL)")
+    population = parser.add_argument_group(
+        "population-based training (step-driven algorithms; each member a fiberrl process)")
+    population.add_argument("--population", type=int, default=None, metavar="N",
+                            help="train N members at once (PBT; --total-steps counts per member)")
+    population.add_argument("--pbt-interval", type=int, default=None, metavar="STEPS",
+                            help="env steps between a member's exploit decisions (default "
+                                 "total/10); 0: a random search of the same members")
+    population.add_argument("--search", action="append", default=[], metavar="KEY=SPEC",
+                            help="a hyperparameter's space, repeatable: loguniform:LOW:HIGH, "
+                                 "uniform:LOW:HIGH, int:LOW:HIGH or choice:V1,V2,... (default: "
+                                 "the algorithm's own space)")
+    population.add_argument("--pbt-quantile", type=float, default=0.25, metavar="Q",
+                            help="the bottom Q of the members copy the top Q (default 0.25)")
+    population.add_argument("--pbt-resample", type=float, default=0.25, metavar="P",
+                            help="explore resamples a value with probability P, else perturbs "
+                                 "it x0.8/x1.2 (default 0.25)")
     parser.set_defaults(func=train_command)
+
+
+def _population_checks(args: argparse.Namespace, overrides: Dict[str, Any]) -> Any:
+    """The search space of ``--population`` (None without it); every population option
+    checked, bad ones as :class:`fiberrl.cli.support.UsageError`."""
+    from fiberrl.cli.support import UsageError
+    if args.population is None:
+        for flag, value, default in (("--pbt-interval", args.pbt_interval, None),
+                                     ("--search", args.search, []),
+                                     ("--pbt-quantile", args.pbt_quantile, 0.25),
+                                     ("--pbt-resample", args.pbt_resample, 0.25)):
+            if value != default:
+                raise UsageError(f"{flag} needs --population N")
+        return None
+    from .pbt import space as spaces
+    from .preflight import algorithm_defaults
+    if args.population < 2:
+        raise UsageError("--population must be at least 2")
+    if args.pbt_interval is not None and args.pbt_interval < 0:
+        raise UsageError("--pbt-interval must be 0 (random search) or more env steps")
+    if not 0.0 < args.pbt_quantile <= 0.5:
+        raise UsageError("--pbt-quantile must be in (0, 0.5]")
+    if not 0.0 <= args.pbt_resample <= 1.0:
+        raise UsageError("--pbt-resample must be in [0, 1]")
+    for flag, clash in (("--ranks > 1", args.ranks > 1), ("--stop-on-solve", args.stop_on_solve),
+                        ("--eval-every", args.eval_every is not None)):
+        if clash:
+            raise UsageError(f"{flag} cannot be used with --population (members evaluate at "
+                             "every report, each --pbt-interval env steps)")
+    if args.algo not in spaces.SEARCHABLE:
+        raise UsageError(f"{args.algo} cannot train as a population; step-driven algorithms "
+                         f"can: {', '.join(sorted(spaces.SEARCHABLE))}")
+    try:
+        search = spaces.parse_search(args.search) if args.search else None
+        if search is not None:
+            spaces.check_space(args.algo, search, algorithm_defaults(args.algo))
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    both = sorted(set(search or {}) & set(overrides))
+    if both:
+        raise UsageError(f"{', '.join(both)}: given to both --set and --search; choose one")
+    return search
 
 
 def train_command(args: argparse.Namespace) -> int:
@@ -78,6 +136,7 @@ def train_command(args: argparse.Namespace) -> int:
         raise UsageError("--stop-on-solve cannot be used with --ranks > 1 (only rank 0 evaluates)")
     preflight.check_env(args.algo, args.env)
     overrides = preflight.check_settings(args.algo, args.settings)
+    search = _population_checks(args, overrides)
     preflight.check_backend(args.backend)
     preflight.check_devices(args.devices, args.ranks, args.backend)
     out = Path(args.out) if args.out else preflight.default_out(args.algo, args.env)
@@ -90,12 +149,36 @@ def train_command(args: argparse.Namespace) -> int:
                      stop_on_solve=args.stop_on_solve,
                      progress=False if args.no_progress else None, overrides=overrides,
                      ranks=args.ranks, devices=args.devices)
+    if args.population is not None:
+        from .pbt import PopulationSpec, train_population
+        population = PopulationSpec(spec, population=args.population, interval=args.pbt_interval,
+                                    search=search, quantile=args.pbt_quantile,
+                                    resample_probability=args.pbt_resample)
+        try:
+            summary = train_population(population)
+        except ValueError as error:  # a --resume of another population
+            raise UsageError(str(error)) from error
+        sys.stdout.write(population_line(args.algo, args.env, summary, out) + "\n")
+        return 0
     try:
         summary = train(spec)
     except ValueError as error:  # settings the algorithm itself rejects (ranges, combinations)
         raise UsageError(str(error)) from error
     sys.stdout.write(result_line(args.algo, args.env, summary, out) + "\n")
     return 0
+
+
+def population_line(algo: str, env: str, summary: Dict[str, Any], out: Any) -> str:
+    """The line a population run ends with: the best member's evaluation, exploits,
+    dropped members and where the outputs are."""
+    size, best = summary["population_size"], summary["best_member"]
+    mode = "PBT" if summary["mode"] == "pbt" else "random search"
+    dropped = len(summary["dropped"])
+    return (f"{algo} on {env}, {mode} of {size} members x {summary['member_steps']} env steps: "
+            f"best member {best}, evaluation mean {summary['eval_mean']:.2f} ± "
+            f"{summary['eval_std'] or 0.0:.2f}; {summary['exploits']} exploits"
+            f"{f', {dropped} dropped' if dropped else ''} ({summary['wall_s']:.1f} s); "
+            f"outputs in {out}")
 
 
 def result_line(algo: str, env: str, summary: Dict[str, Any], out: Any) -> str:

@@ -175,11 +175,34 @@ class Policy(ABC):
         return stats
 
     def _schedule_lr(self) -> None:
-        if self.config["lr_schedule"] != "linear":
-            return
-        remaining = max(0.0, 1.0 - self.samples_learned / float(self.config["total_steps"]))
+        """Set the optimizer's step size: ``lr``, or with ``lr_schedule="linear"`` ``lr``
+        decayed linearly to 0 over ``total_steps`` samples."""
+        rate = self.config["lr"]
+        if self.config["lr_schedule"] == "linear":
+            rate *= max(0.0, 1.0 - self.samples_learned / float(self.config["total_steps"]))
         for group in self.optimizer.param_groups:
-            group["lr"] = self.config["lr"] * remaining
+            group["lr"] = rate
+
+    def set_hyperparameters(self, values: Mapping[str, Any]) -> None:
+        """Change settings of a live policy (PBT's explore step, :mod:`rl.pbt`): ``values``
+        replace config entries from the next step on, and the optimizer's step size
+        follows a new ``lr`` at once. Unknown keys are a ``KeyError`` listing the valid ones."""
+        unknown = sorted(set(values) - set(self.config))
+        if unknown:
+            raise KeyError(f"{self.name} has no settings {unknown}; valid: {sorted(self.config)}")
+        self.config.update(values)
+        self._schedule_lr()
+
+    def adopt(self, state: Mapping[str, Any], seed: int) -> None:
+        """Take over another policy's learned state (PBT's exploit step): what
+        :meth:`state_dict` holds (weights, optimizer moments, normalization buffers,
+        counters), then reseed this policy's random streams with ``seed`` so that it
+        does not replay the other's. Its own config stays (set it with
+        :meth:`set_hyperparameters`)."""
+        self.load_state_dict(state)
+        torch.manual_seed(seed)
+        self.generator = np.random.default_rng(seed)
+        self._schedule_lr()
 
     def _to_tensors(self, batch: Dict[str, np.ndarray]) -> Dict[str, torch.Tensor]:
         tensors = {}

@@ -31,7 +31,7 @@ ACTION_SPACES: Dict[str, Tuple[str, ...]] = {
 #: ES constructor arguments that ``fiberrl train`` sets itself
 _ES_OWN = ("env", "seed", "pool", "workers")
 #: files and folders that mark a directory as holding a run
-RUN_MARKERS = ("summary.json", "checkpoints", "tb", "curve.png")
+RUN_MARKERS = ("summary.json", "checkpoints", "tb", "curve.png", "population.json", "members")
 
 
 def check_algorithm(algo: str) -> None:

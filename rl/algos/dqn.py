@@ -422,9 +422,7 @@ class DQN(Policy):
             if self.env_steps // c["target_update_every"] > before // c["target_update_every"]:
                 self.update_target()
         if c["lr_schedule"] == "linear":
-            remaining = max(0.0, 1.0 - self.env_steps / float(c["total_steps"]))
-            for group in self.optimizer.param_groups:
-                group["lr"] = c["lr"] * remaining
+            self._schedule_lr()
         if not count:
             return {}
         stats = {key: value / count for key, value in totals.items()}
@@ -445,7 +443,23 @@ class DQN(Policy):
         needed = max(int(self.config["minibatch_size"]), self.refill)
         return self.env_steps >= self.config["learning_starts"] and len(self.replay) >= needed
 
+    def _schedule_lr(self) -> None:
+        """``lr``, or with ``lr_schedule="linear"`` ``lr`` decayed to 0 over ``total_steps``
+        env steps (DQN counts env steps, not learned samples)."""
+        rate = self.config["lr"]
+        if self.config["lr_schedule"] == "linear":
+            rate *= max(0.0, 1.0 - self.env_steps / float(self.config["total_steps"]))
+        for group in self.optimizer.param_groups:
+            group["lr"] = rate
+
     # -- checkpoints -----------------------------------------------------------------
+    def adopt(self, state: Mapping[str, Any], seed: int) -> None:
+        """:meth:`Policy.adopt`, keeping this policy's own replay buffer: its transitions
+        are valid off-policy data for the adopted network, so learning goes on at once."""
+        replay = self.replay
+        super().adopt(state, seed)
+        self.replay, self.refill = replay, 0
+
     def state_dict(self) -> Dict[str, Any]:
         """Both networks, the optimizer, the counters and RNG states (not the replay buffer)."""
         state = super().state_dict()

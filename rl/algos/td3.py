@@ -448,6 +448,12 @@ class TD3(Policy):
             tensors["discounts"] = torch.full((size,), float(self.config["gamma"]))
         return tensors
 
+    def _schedule_lr(self) -> None:
+        """Both optimizers' step sizes from ``actor_lr`` / ``critic_lr`` (or ``lr``)."""
+        for optimizer, key in ((self.actor_optimizer, "actor_lr"), (self.critic_optimizer, "critic_lr")):
+            for group in optimizer.param_groups:
+                group["lr"] = self.config[key] or self.config["lr"]
+
     # -- checkpoints -----------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
         """Networks with targets, both optimizers, counters and RNG states (not the replay)."""
