@@ -1,6 +1,7 @@
 """Shared fixtures: every test must leave no child process behind; pools made by a
-test are terminated when it ends."""
+test are terminated when it ends. Also the session's signal state (below)."""
 import os
+import signal
 import time
 
 import psutil
@@ -8,6 +9,29 @@ import pytest
 
 import fiberrl
 from fiberrl._wire.sockets import default_listen_host
+
+
+def take_ctrl_c_as_in_a_terminal() -> None:
+    """Give this process, and so every process a test starts, the SIGINT handling of
+    a command typed at a terminal: Python's ``KeyboardInterrupt`` handler, SIGINT not
+    blocked.
+
+    A process started with SIGINT ignored passes that on to its children, and Python
+    installs no ``KeyboardInterrupt`` handler then. A non-interactive shell starts its
+    background commands so (``bash scripts/test.sh > log &`` in a script), and so do
+    ``nohup`` and some CI runners. The Ctrl-C tests (tests/test_interrupt.py, CPython's
+    ``test_wait_result``...) send SIGINT on purpose and need the usual handling,
+    whatever way the suite itself was started. (fiberrl keeps an ignored SIGINT
+    ignored, as the stdlib does: tests/test_interrupt.py checks that too, in children
+    started with SIGINT ignored on purpose.)"""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+# before any test, fixture or plugin starts a subprocess
+take_ctrl_c_as_in_a_terminal()
 
 
 def _children():
