@@ -8,6 +8,7 @@ import psutil
 import pytest
 
 import fiberrl
+import side_by_side
 from fiberrl._wire.sockets import default_listen_host
 
 
@@ -132,3 +133,22 @@ def _backends_down_at_the_end():
     slurm_cluster.down_all()
     backend_bindings.docker_down()
     backend_bindings.kube_down()
+
+
+# -- two test processes side by side (pytest-xdist; see tests/side_by_side.py) -------------
+def pytest_configure(config):
+    side_by_side.state["worker"] = hasattr(config, "workerinput")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that share a cluster go to one xdist worker (``--dist loadgroup``)."""
+    for item in items:
+        group = side_by_side.group_of(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before any fixture of the test starts a cluster: which group the test is in."""
+    side_by_side.state.update(group=side_by_side.group_of(item), test=item.nodeid)
