@@ -137,18 +137,37 @@ def _backends_down_at_the_end():
 
 # -- two test processes side by side (pytest-xdist; see tests/side_by_side.py) -------------
 def pytest_configure(config):
-    side_by_side.state["worker"] = hasattr(config, "workerinput")
+    workerinput = getattr(config, "workerinput", None)
+    side_by_side.state.update(worker=workerinput is not None,
+                              grouped=bool(workerinput and workerinput.get("side_by_side")))
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tests that share a cluster go to one xdist worker (``--dist loadgroup``)."""
-    for item in items:
-        group = side_by_side.group_of(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+def _grouping(config) -> bool:
+    return config.getvalue("dist") == "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``: each group of tests/side_by_side.py is one unit of work,
+    run by one worker in collection order."""
+    if not _grouping(config):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return side_by_side.group_of(nodeid)
+
+    return GroupScheduling(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """Tell each worker whether its groups are kept together."""
+    node.workerinput["side_by_side"] = _grouping(node.config)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Before any fixture of the test starts a cluster: which group the test is in."""
-    side_by_side.state.update(group=side_by_side.group_of(item), test=item.nodeid)
+    side_by_side.state.update(group=side_by_side.group_of(item.nodeid), test=item.nodeid)
