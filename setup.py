@@ -11,7 +11,7 @@ EXTRAS = {
     "bench": ["pandas", "stable-baselines3"],  # peers the benchmarks compare with
     "export": ["onnx>=1.23", "onnxscript>=0.7", "onnxruntime>=1.31"],
     "parquet": ["pyarrow>=12"],
-    "test": ["pytest>=7", "pytest-timeout>=2", "scipy>=1.9", "pyarrow>=12", "gymnasium>=1.0",
+    "test": ["pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3.5", "scipy>=1.9", "pyarrow>=12", "gymnasium>=1.0",
              "docker>=7", "kubernetes>=29", "torch==2.13.0", "tensorboard", "matplotlib", "tqdm",
              "onnx>=1.23", "onnxscript>=0.7", "onnxruntime>=1.31",
              "joblib", "dask"],   # third-party programs run on fiberrl (test_third_party)

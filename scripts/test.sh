@@ -19,4 +19,10 @@ if [ ! -f "/usr/lib/python${ver}/test/test_concurrent_futures.py" ] && \
     apt-get update -qq && apt-get install -y -qq "libpython${ver}-testsuite" >/dev/null || \
         echo "warning: test_concurrent_futures is missing; its runner will be skipped" >&2
 fi
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# Two test processes side by side (pytest-xdist): most tests wait on other processes
+# (jobs starting, clusters scheduling, time limits) more than they use a core. The tests
+# that share the Slurm cluster and dockerd run in one of them, one after the other, as
+# do the fake Kubernetes server's (tests/side_by_side.py). FIBERRL_TEST_WORKERS=0 runs
+# everything in one process.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${FIBERRL_TEST_WORKERS:-2}" \
+    --dist loadgroup "$@"

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import fiberrl
+import side_by_side
 from pool_helpers import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,6 +41,7 @@ def docker_up() -> None:
     """dockerd and the worker image, once per session (``scripts/docker-up.sh``)."""
     if not enabled("docker"):
         pytest.skip("Docker tests turned off (FIBERRL_TEST_DOCKER=0)")
+    side_by_side.require(side_by_side.CLUSTERS, "dockerd")
     if "docker" in _session:
         return
     # a dockerd that already answers was started by someone else: leave it up at the end
@@ -91,6 +93,7 @@ def fake_kube():
     """The session's fake Kubernetes API server (started on first use)."""
     if not enabled("kubernetes"):
         pytest.skip("Kubernetes tests turned off (FIBERRL_TEST_KUBERNETES=0)")
+    side_by_side.require(side_by_side.KUBERNETES, "the session's fake Kubernetes API server")
     if "kube" not in _session:
         from fake_kube import FakeKubeCluster
         cluster = FakeKubeCluster(node_cpu=16, node_memory="16Gi")

@@ -1,13 +1,38 @@
 """Shared fixtures: every test must leave no child process behind; pools made by a
-test are terminated when it ends."""
+test are terminated when it ends. Also the session's signal state (below)."""
 import os
+import signal
 import time
 
 import psutil
 import pytest
 
 import fiberrl
+import side_by_side
 from fiberrl._wire.sockets import default_listen_host
+
+
+def take_ctrl_c_as_in_a_terminal() -> None:
+    """Give this process, and so every process a test starts, the SIGINT handling of
+    a command typed at a terminal: Python's ``KeyboardInterrupt`` handler, SIGINT not
+    blocked.
+
+    A process started with SIGINT ignored passes that on to its children, and Python
+    installs no ``KeyboardInterrupt`` handler then. A non-interactive shell starts its
+    background commands so (``bash scripts/test.sh > log &`` in a script), and so do
+    ``nohup`` and some CI runners. The Ctrl-C tests (tests/test_interrupt.py, CPython's
+    ``test_wait_result``...) send SIGINT on purpose and need the usual handling,
+    whatever way the suite itself was started. (fiberrl keeps an ignored SIGINT
+    ignored, as the stdlib does: tests/test_interrupt.py checks that too, in children
+    started with SIGINT ignored on purpose.)"""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+# before any test, fixture or plugin starts a subprocess
+take_ctrl_c_as_in_a_terminal()
 
 
 def _children():
@@ -108,3 +133,41 @@ def _backends_down_at_the_end():
     slurm_cluster.down_all()
     backend_bindings.docker_down()
     backend_bindings.kube_down()
+
+
+# -- two test processes side by side (pytest-xdist; see tests/side_by_side.py) -------------
+def pytest_configure(config):
+    workerinput = getattr(config, "workerinput", None)
+    side_by_side.state.update(worker=workerinput is not None,
+                              grouped=bool(workerinput and workerinput.get("side_by_side")))
+
+
+def _grouping(config) -> bool:
+    return config.getvalue("dist") == "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``: each group of tests/side_by_side.py is one unit of work,
+    run by one worker in collection order."""
+    if not _grouping(config):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return side_by_side.group_of(nodeid)
+
+    return GroupScheduling(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """Tell each worker whether its groups are kept together."""
+    node.workerinput["side_by_side"] = _grouping(node.config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before any fixture of the test starts a cluster: which group the test is in."""
+    side_by_side.state.update(group=side_by_side.group_of(item.nodeid), test=item.nodeid)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import side_by_side
+
 ROOT = Path(__file__).resolve().parent.parent
 _started = {}
 
@@ -41,6 +43,7 @@ def up(topology: str) -> str:
     """Bring ``topology`` up (once per session); return its SLURM_CONF path."""
     if not enabled():
         pytest.skip("Slurm tests turned off (FIBERRL_TEST_SLURM=0)")
+    side_by_side.require(side_by_side.CLUSTERS, "the Slurm test cluster")
     if topology in _started:
         if not _running(topology):  # a test stopped a daemon: start it again
             _run("slurm-up.sh", topology)

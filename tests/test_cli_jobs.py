@@ -4,9 +4,12 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
+
+from fiberrl.backends.base import RUN_ENV
 
 import backend_bindings
 import pool_helpers
@@ -83,14 +86,19 @@ def test_ps_and_cancel_all_of_a_run(backend, project):
         os.environ["SLURM_CONF"] = slurm_cluster.up("single")
     if backend == "docker":
         backend_bindings.docker_up()
+    # a run id of its own: the clean-up below cancels this run's jobs, not those of
+    # another test process (pytest-xdist) or of another user of the machine
+    own_run = f"cli-test-{uuid.uuid4().hex[:8]}"
     runner = subprocess.Popen([sys.executable, "-m", "fiberrl.cli", "run", "--backend", backend,
                                "job.py", "sleep"], cwd=project, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              env={**os.environ, "PYTHONPATH": str(ROOT), RUN_ENV: own_run})
     try:
         # (finished jobs of earlier runs stay listed for a while: look for a live one)
-        out = _ps_until(backend, lambda text: bool(_live_nappers(text)), project, timeout=180)
-        run = _live_nappers(out)[0].split()[2]
+        out = _ps_until(backend, lambda text: any(own_run in line for line in _live_nappers(text)),
+                        project, timeout=180)
+        run = [line for line in _live_nappers(out) if own_run in line][0].split()[2]
+        assert run == own_run, out
         assert any(run in line and "napper" not in line for line in out.splitlines()[1:]), out
         cancelled = fiberrl_cli("cancel", "--backend", backend, "--all", "--run", run, cwd=project)
         assert cancelled.returncode == 0 and cancelled.stdout.count("cancelled") >= 2, cancelled
@@ -104,7 +112,7 @@ def test_ps_and_cancel_all_of_a_run(backend, project):
         if runner.poll() is None:
             runner.kill()
             runner.wait()
-        fiberrl_cli("cancel", "--backend", backend, "--all", cwd=project)
+        fiberrl_cli("cancel", "--backend", backend, "--all", "--run", own_run, cwd=project)
 
 
 def test_logs_of_a_slurm_job(project):

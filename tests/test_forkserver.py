@@ -73,6 +73,30 @@ def test_forked_jobs_get_their_own_environment_directory_and_seed(server, tmp_pa
     assert reports[0][2] != reports[1][2], "forked siblings drew the same random numbers"
 
 
+def _sigint_ignored(queue):
+    queue.put(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+
+
+def test_a_forked_job_ignores_sigint_when_its_parent_does_at_its_start(server):
+    """As an exec'd job (and a stdlib child) would: the parent's disposition when the
+    job starts, not the server's (which always ignores SIGINT) nor the one the parent
+    had when the server started."""
+    queue = fiberrl.Queue()
+    seen = []
+    for disposition in (signal.SIG_IGN, signal.default_int_handler):
+        previous = signal.signal(signal.SIGINT, disposition)
+        try:
+            proc = fiberrl.Process(target=_sigint_ignored, args=(queue,))
+            proc.start()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        assert _forked(proc)
+        seen.append(queue.get(timeout=30))
+        proc.join(30)
+        assert proc.exitcode == 0
+    assert seen == [True, False]
+
+
 @pytest.mark.parametrize("target,args,code", [(sys.exit, (3,), 3), (os._exit, (0,), 0),
                                               (time.sleep, (60,), -signal.SIGKILL)])
 def test_exit_codes_and_signals_of_forked_jobs(server, target, args, code):

@@ -46,9 +46,10 @@ def _session(pid):
     return alive
 
 
-def _interrupt(cmd, ready, cwd, env=None, delay=0.5):
+def _interrupt(cmd, ready, cwd, env=None, delay=0.5, out=None):
     """Start ``cmd`` in its own session, wait until ``ready()`` and ``delay`` s more,
-    SIGINT the group; returns (exit status, seconds to exit, stderr)."""
+    SIGINT the group; returns (exit status, seconds to exit, stderr). The rest of its
+    stdout is appended to the list ``out`` if one is given."""
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True, env=env)
     try:
@@ -60,7 +61,9 @@ def _interrupt(cmd, ready, cwd, env=None, delay=0.5):
         time.sleep(delay)
         started = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        rest, err = proc.communicate(timeout=30)
+        if out is not None:
+            out.append(rest)
         took = time.monotonic() - started
     finally:
         if proc.poll() is None:
@@ -186,3 +189,93 @@ def test_ctrl_c_while_the_command_loads_its_subcommands(monkeypatch, capsys):
     monkeypatch.setattr(cli, "build_parser", interrupted)
     assert cli.main(["backends"]) == 130
     assert capsys.readouterr().err == "fiberrl: interrupted\n"
+
+
+# -- a program started with SIGINT ignored ---------------------------------------------
+# A non-interactive shell starts its background commands (``cmd &`` in a script) with
+# SIGINT ignored; so do nohup-style launchers and some CI runners and schedulers.
+IGNORING = ["bash", "-c", 'trap "" INT; exec "$@"', "bash"]   # what such a shell does
+
+IGNORED_SCRIPT = """
+import multiprocessing, os, signal, sys, time
+import fiberrl
+
+def ignores(q):
+    forked = b"FIBERRL_FORKSERVER=1" in open("/proc/self/environ", "rb").read()
+    q.put(("forked" if forked else "execd", signal.getsignal(signal.SIGINT) is signal.SIG_IGN))
+
+def nap(x):
+    time.sleep(0.5)
+    return os.getpid()
+
+if __name__ == "__main__":
+    print("parent", signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+    q = fiberrl.Queue()
+    for _ in range(100):   # until a job comes from the fork server (once it is ready)
+        p = fiberrl.Process(target=ignores, args=(q,))
+        p.start()
+        kind, ignored = q.get()
+        p.join()
+        print(kind, ignored)
+        if kind == "forked":
+            break
+        time.sleep(0.05)
+    for method in ("spawn", "forkserver"):
+        ctx = multiprocessing.get_context(method)
+        sq = ctx.Queue()
+        p = ctx.Process(target=ignores, args=(sq,))
+        p.start()
+        print("stdlib-" + method, sq.get()[1])
+        p.join()
+    with fiberrl.Pool(2) as pool:
+        pool.apply(time.sleep, (0,))
+        workers = []
+        while len(workers) < 2:
+            workers = sorted(p.pid for p in fiberrl.active_children() if "worker" in p.name)
+        print("MAPPING", flush=True)
+        pids = pool.map(nap, range(8), chunksize=1)
+    print("the same workers did every task:", sorted(set(pids)) == workers)
+"""
+
+
+def test_a_program_started_with_sigint_ignored_keeps_it_ignored_in_its_jobs(tmp_path):
+    """As with the stdlib: the program's jobs ignore SIGINT too, exec'd ones and those
+    the fork server forks alike, so a SIGINT to the whole group during ``pool.map``
+    stops nothing: every worker lives on and the map returns."""
+    script = tmp_path / "ignoring.py"
+    script.write_text(IGNORED_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    before, rest = [], []
+
+    def mapping(proc):
+        before.append(proc.stdout.readline().strip())
+        return before[-1] == "MAPPING"
+
+    code, _, err = _interrupt([*IGNORING, sys.executable, str(script)], mapping, tmp_path, env,
+                              delay=0.3, out=rest)
+    assert code == 0, err
+    assert "Traceback" not in err and "interrupted" not in err, err
+    assert before[0] == "parent True"
+    jobs = [line.split() for line in before[1:-3]]
+    assert jobs[-1][0] == "forked" and all(ignored == "True" for _, ignored in jobs), before
+    assert before[-3:-1] == ["stdlib-spawn True", "stdlib-forkserver True"]
+    # no worker was interrupted (and replaced, its task re-run)
+    assert rest == ["the same workers did every task: True\n"], (rest, err)
+
+
+def test_the_suite_takes_ctrl_c_as_usual_when_started_in_the_background(tmp_path):
+    """``bash scripts/test.sh > log &`` from a script: pytest starts with SIGINT
+    ignored, and the suite (tests/conftest.py) gives its tests a terminal's Ctrl-C
+    handling back, so a Ctrl-C case passes as in the foreground."""
+    background = ["bash", "-c", '"$@" & wait $!', "bash"]   # a script's ``cmd &``
+    probe = subprocess.run([*background, sys.executable, "-c",
+                            "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"],
+                           capture_output=True, text=True, timeout=60)
+    assert probe.stdout.strip() == "True", probe   # how the run below starts
+    done = subprocess.run([*background, sys.executable, "-m", "pytest", "-q",
+                           "-p", "no:cacheprovider", "-o", "addopts=",
+                           f"--basetemp={tmp_path / 'inner'}",
+                           f"{__file__}::test_ctrl_c_during_pool_map"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert "1 passed" in done.stdout, done.stdout[-4000:]

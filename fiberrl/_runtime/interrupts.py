@@ -23,6 +23,12 @@ before any of our code: measured, tracebacks came from ``site``); ``SIG_IGN`` in
 
 Threads inherit the mask of the thread that starts them, so a job's runtime threads
 keep SIGINT blocked and the main thread alone takes it, where Python handles it.
+
+A program that ignores SIGINT (started in the background by a non-interactive shell,
+by ``nohup``, or after ``signal.signal(SIGINT, SIG_IGN)``) has jobs that ignore it
+too, as the stdlib's children do: an exec'd job inherits the disposition (and Python
+then installs no ``KeyboardInterrupt`` handler), and a job forked by the fork server
+is told it (:func:`ignored` in the parent, :func:`take_as` in the job).
 """
 from __future__ import annotations
 
@@ -52,6 +58,18 @@ def held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+def ignored() -> bool:
+    """Whether this process ignores SIGINT (a job it starts then ignores it too)."""
+    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def take_as(parent_ignored: bool) -> None:
+    """In a job forked by the fork server: the SIGINT disposition an exec'd job of the
+    same parent would start with, ignored if the parent ignored it, else Python's
+    ``KeyboardInterrupt`` handler. (Main thread only, as ``signal.signal`` is.)"""
+    signal.signal(signal.SIGINT, signal.SIG_IGN if parent_ignored else signal.default_int_handler)
+
+
 def hold() -> None:
     """Block SIGINT in this thread until :func:`release`."""
     if _MASKS:
@@ -65,8 +83,7 @@ def release() -> bool:
     background by a shell does, goes on.)"""
     if not _MASKS:
         return True
-    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    if not ignored and signal.SIGINT in signal.sigpending():
+    if not ignored() and signal.SIGINT in signal.sigpending():
         return False
     try:
         # pending signals' handlers run inside this call: a Ctrl-C that came after

@@ -26,7 +26,8 @@ first job starts no later than it would without a server.
 A job forked here dies with the server (``PR_SET_PDEATHSIG``): only the server can
 reap it and report its exit code. It has no threads but the main one, a fresh random seed (``random``
 reseeds after ``fork``) and the job's own environment, descriptors and signals
-(SIGINT held until the job is ready for it: :mod:`fiberrl._runtime.interrupts`). What
+(SIGINT held until the job is ready for it, and ignored if the parent ignores it, as
+an exec'd job would: :mod:`fiberrl._runtime.interrupts`). What
 it shares with its siblings is what a fork shares: the modules imported below and
 the hash seed of ``str`` (fixed per server, as with the stdlib's forkserver).
 Interpreter start-up variables (``PYTHON*``, ``LD_*``) cannot change after start, so
@@ -171,6 +172,7 @@ class _Server:
         try:
             request = json.loads(msg)
             if not (isinstance(request.get("env"), dict) and isinstance(request.get("cwd"), str)
+                    and isinstance(request.get("sigint_ignored"), bool)
                     and len(request.get("fds", ())) == len(fds) - 3):
                 raise ValueError("malformed request")
             pid = os.fork()
@@ -231,7 +233,7 @@ class _Server:
             os.close(self.wake_w)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             interrupts.hold()   # (inherited already) until fiberrl.spawn releases it
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            interrupts.take_as(parent_ignored=request["sigint_ignored"])
             _place_stdio(out_fd, err_fd)
             _place_fds(passed, request["fds"])
             os.environ.clear()

@@ -144,8 +144,9 @@ class ForkServer:
         Raises :class:`ForkServerError` when the server cannot (it died, or did not
         answer within ``timeout`` s).
         """
-        request = json.dumps({"env": env, "cwd": cwd or os.getcwd(),
-                              "fds": list(pass_fds)}).encode()
+        # the job's SIGINT disposition is the parent's now, as for an exec'd job
+        request = json.dumps({"env": env, "cwd": cwd or os.getcwd(), "fds": list(pass_fds),
+                              "sigint_ignored": interrupts.ignored()}).encode()
         if len(request) > MAX_REQUEST or len(pass_fds) + 3 > MAX_FDS:
             raise ForkServerError("request too large for the fork server")
         report, report_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
