@@ -132,32 +132,102 @@ def vector_envs(args: argparse.Namespace) -> None:
                       + " ".join(f"{r['steps_per_s']:.0f}" for r in results["AVE fork"]))
 
 
+def _ppo_rate(env: str, workers: int, steps: int) -> float:
+    """Env steps per second of one ``fiberrl train ppo`` run's training loop."""
+    fiberrl_cli = os.path.join(os.path.dirname(sys.executable), "fiberrl")
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run([fiberrl_cli, "train", "ppo", "--env", env, "--total-steps", str(steps),
+                        "--workers", str(workers), "--eval-every", str(steps * 10),
+                        "--eval-episodes", "1", "--no-progress", "--seed", "0",
+                        "--out", os.path.join(out, "run")],
+                       check=True, capture_output=True, cwd=out, env={**os.environ, "PYTHONPATH": HERE})
+        with open(os.path.join(out, "run", "summary.json")) as fh:
+            summary = json.load(fh)
+    return summary["env_steps"] / summary["wall_s"]
+
+
 def ppo_workers(args: argparse.Namespace) -> None:
     """``fiberrl train ppo`` on a 300 us env, 2 env processes against none: env steps per
     second of the training loop (summary.json's ``wall_s``: interpreter and torch
-    start-up left out, one evaluation episode at the end left in)."""
-    fiberrl_cli = os.path.join(os.path.dirname(sys.executable), "fiberrl")
-    rates = {0: [], 2: []}
+    start-up left out, one evaluation episode at the end left in).
+
+    The learner's own time (acting and learning, serial whatever the workers) bounds
+    the speed-up (Amdahl): with ``L`` its time per env step, measured on a cheap
+    CartPole-v1 with ``--workers 0``, and ``E`` the 300 us step, two env processes can
+    at best turn ``L + E`` into ``L + E / 2``."""
+    rates = {0: [], 2: [], "cheap": []}
     for _ in range(args.runs):
         for workers in (0, 2):
-            with tempfile.TemporaryDirectory() as out:
-                subprocess.run([fiberrl_cli, "train", "ppo", "--env", "slow_envs:SlowCartPole-v1",
-                                "--total-steps", str(args.ppo_steps), "--workers", str(workers),
-                                "--eval-every", str(args.ppo_steps * 10), "--eval-episodes", "1",
-                                "--no-progress", "--seed", "0", "--out", os.path.join(out, "run")],
-                               check=True, capture_output=True, cwd=out,
-                               env={**os.environ, "PYTHONPATH": HERE})
-                with open(os.path.join(out, "run", "summary.json")) as fh:
-                    summary = json.load(fh)
-                rates[workers].append(summary["env_steps"] / summary["wall_s"])
-    w0, w2 = statistics.median(rates[0]), statistics.median(rates[2])
+            rates[workers].append(_ppo_rate("slow_envs:SlowCartPole-v1", workers, args.ppo_steps))
+        rates["cheap"].append(_ppo_rate("CartPole-v1", 0, args.ppo_steps))
+    w0, w2, cheap = (statistics.median(rates[key]) for key in (0, 2, "cheap"))
+    learner, env_step = 1 / cheap, 1 / w0 - 1 / cheap
+    bound = (learner + env_step) / (learner + env_step / 2)
     print(f"fiberrl train ppo, SlowCartPole-v1 (300 us steps), {args.ppo_steps} steps, 4 envs: "
           f"--workers 0 {w0:.0f} steps/s, --workers 2 {w2:.0f} steps/s: {w2 / w0:.2f}x "
           f"(target >= 1.5: {'met' if w2 / w0 >= 1.5 else 'NOT met'}); runs "
           f"{[round(r) for r in rates[0]]} / {[round(r) for r in rates[2]]}")
+    print(f"  the learner's own time: {learner * 1e6:.0f} us per env step (CartPole-v1, --workers "
+          f"0: {cheap:.0f} steps/s), the env's {env_step * 1e6:.0f} us: two env processes can at "
+          f"best give {bound:.2f}x")
+    # what the stdlib reaches in the same loop: a stand-in learner busy for 4 * learner
+    # per vector step, the 4 envs stepped in this process, by AsyncVectorEnv on fork, or
+    # by ProcessVectorEnv packed two per process (as --workers 2 builds it)
+    vector_learner_us = 4 * learner * 1e6
+    serial = statistics.median(run_learner_loop("serial", vector_learner_us) for _ in range(args.runs))
+    others = {t: statistics.median(run_learner_loop(t, vector_learner_us) for _ in range(args.runs))
+              for t in ("AVE fork", "PVE packed")}
+    print(f"  the same loop with a {vector_learner_us:.0f} us stand-in learner per vector step: "
+          + ", ".join(f"{t} {rate / serial:.2f}x" for t, rate in others.items())
+          + f" the envs stepped in the learner's process ({serial:.0f} steps/s)")
+
+
+def run_learner_loop(target: str, learner_us: float, steps: int = 1000) -> float:
+    """Env steps per second of a loop that spends ``learner_us`` busy, then steps 4
+    SlowCartPole envs (``serial``: in this process), in a fresh interpreter."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--learner-loop", target,
+                          str(learner_us), str(steps)], capture_output=True, text=True,
+                         timeout=600, cwd=tempfile.gettempdir(),
+                         env={**os.environ, "PYTHONPATH": HERE})
+    if out.returncode:
+        raise RuntimeError(f"{target} failed:\n{out.stderr[-2000:]}")
+    return float(out.stdout.split()[-1])
+
+
+def learner_loop(target: str, learner_us: float, steps: int) -> float:
+    """The body of :func:`run_learner_loop`."""
+    import numpy as np
+
+    import slow_envs
+    if target == "serial":
+        from rl.envs import InProcessVectorEnv
+        env = InProcessVectorEnv("slow_envs:SlowCartPole-v1", 4, seed=0)
+    elif target == "AVE fork":
+        from gymnasium.vector import AsyncVectorEnv
+        env = AsyncVectorEnv([lambda: slow_envs.make_slow_cartpole(300)] * 4, context="fork")
+    else:
+        from rl.envs import ProcessVectorEnv
+        env = ProcessVectorEnv("slow_envs:SlowCartPole-v1", 4, seed=0,
+                               envs_per_process=-(-4 // len(os.sched_getaffinity(0))))
+    env.reset(seed=0)
+    actions = np.zeros(4, dtype=np.int64)
+    for _ in range(50):
+        env.step(actions)
+    started = time.perf_counter()
+    for _ in range(steps):
+        until = time.perf_counter() + learner_us * 1e-6
+        while time.perf_counter() < until:
+            pass
+        env.step(actions)
+    rate = 4 * steps / (time.perf_counter() - started)
+    env.close()
+    return rate
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--learner-loop":
+        print(learner_loop(sys.argv[2], float(sys.argv[3]), int(sys.argv[4])))
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "--one":
         target, envs, steps, busy_us = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \
             float(sys.argv[5])
