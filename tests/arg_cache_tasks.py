@@ -29,3 +29,37 @@ def tensor_total(tensor):
     result = float(tensor.double().sum())
     tensor += 1
     return result, os.getpid()
+
+
+def receipt(array, pause=0.0):
+    """The sum of ``array``, this worker's pid, its receipt counters (bytes copied in
+    from its stream, entries mapped from host memory) and the inodes of the host
+    segments it holds; modifies ``array`` in place afterwards (its own copy)."""
+    from fiberrl.pool.worker import ARG_COUNTERS, cached_arg_segments
+    if pause:
+        time.sleep(pause)
+    result = float(array.astype(np.float64).sum())
+    array += 1
+    return result, os.getpid(), dict(ARG_COUNTERS), sorted(cached_arg_segments().values())
+
+
+def held_segments(pause):
+    """This worker's pid and the inodes of the host segments it holds, after ``pause`` s."""
+    from fiberrl.pool.worker import cached_arg_segments
+    time.sleep(pause)
+    return os.getpid(), sorted(cached_arg_segments().values())
+
+
+def refuse_mapping():
+    """Pool initializer: this worker cannot map host segments any more (the probe at its
+    start, which has no data, still opens), as if /proc were closed to it."""
+    from fiberrl.pool import segments
+
+    attach = segments.Segment.attach.__func__
+
+    def refused(cls, ref):
+        if ref[3] > 0:
+            raise OSError("mapping refused (test)")
+        return attach(cls, ref)
+
+    segments.Segment.attach = classmethod(refused)

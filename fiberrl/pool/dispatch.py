@@ -42,6 +42,7 @@ from .._runtime.runtime import runtime
 from .._wire.stream import Channel
 from .links import WorkerLink
 from .pending import PendingTable
+from .segments import make_probe
 from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable, SharedBuffer
 from .tasks import Task
 from .wire import PoolChannel
@@ -86,6 +87,9 @@ class Dispatcher:
         self.payload_bytes_sent = 0
         self.cached_arg_sends = 0
         self.cached_arg_hits = 0
+        self.shared_arg_maps = 0     # cache entries sent as a reference to host memory
+        self.probe = make_probe()    # workers that can open it map our host segments
+        self.probe_ref = self.probe.reference() if self.probe is not None else None
         self.closing = False
         self._stopped = False
         self.reactor = rt.reactor
@@ -242,8 +246,22 @@ class Dispatcher:
                 link.solo = False
                 link.idle_since = time.monotonic()
             self._make_hungry(link)
+        elif kind == "need":
+            self._send_bytes(link, header[1])
         elif kind == "bye":
             link.retiring = True
+
+    def _send_bytes(self, link: WorkerLink, keys: List[int]) -> None:
+        """The worker could not map the host segments of ``keys``: send their bytes, and
+        only bytes from now on."""
+        link.maps = False
+        entries = [link.cache.held[key] for key in keys if key in link.cache.held]
+        adds, data, _ = link.cache_adds(entries)
+        adds += [(key, False) for key in keys if key not in link.cache.held]  # (a bug)
+        logger.info("pool worker %d could not map %d shared argument(s); sending their bytes",
+                    link.id, len(keys))
+        self.payload_bytes_sent += self._send_message(
+            link, ("tasks", [], [], [], False, adds, [], []), data)
 
     def _identify(self, data: list, header: tuple) -> None:
         kind = header[0]
@@ -254,8 +272,8 @@ class Dispatcher:
         if kind == "init_failed":
             self.events.put(("init_failed", worker_id, header[3]))
             raise ConnectionError("initializer failed")
-        _, _, _, pid, host = header
-        link = WorkerLink(worker_id, data[0], pid, host, maxtasks, self.arg_cache_bytes)
+        _, _, _, pid, host, maps = header
+        link = WorkerLink(worker_id, data[0], pid, host, maxtasks, self.arg_cache_bytes, maps)
         link.job_token = self.job_tokens.pop(worker_id, None)
         data[1] = link
         self.links[worker_id] = link
@@ -391,9 +409,10 @@ class Dispatcher:
                 rounds += 1
 
     def _send(self, link: WorkerLink, batch: List[Task]) -> None:
-        header, buffers, sends, hits = link.task_message(batch)
+        header, buffers, sends, hits, mapped = link.task_message(batch)
         self.cached_arg_sends += sends
         self.cached_arg_hits += hits
+        self.shared_arg_maps += mapped
         self.pending.assign_all(batch, link.id)
         if link.quota_left is not None:
             link.quota_left -= len(batch)
@@ -532,6 +551,8 @@ class Dispatcher:
         for data in list(self._streams.values()):
             self._unregister(data[0])
             data[0].close()
+        if self.probe is not None:
+            self.probe.close()
         self.acceptor.unroute(self.label)
         self._done.set()
 

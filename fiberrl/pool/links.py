@@ -16,16 +16,17 @@ from .wire import PoolChannel
 class WorkerLink:
     """The pool's view of one connected worker."""
 
-    __slots__ = ("id", "channel", "pid", "host", "quota_left", "known", "drops", "cache",
+    __slots__ = ("id", "channel", "pid", "host", "maps", "quota_left", "known", "drops", "cache",
                  "last_seen", "idle_since", "retiring", "dead", "solo", "hungry", "stop_sent",
                  "job_token")
 
     def __init__(self, worker_id: int, channel: PoolChannel, pid: int, host: str,
-                 quota: Optional[int], cache_bytes: int) -> None:
+                 quota: Optional[int], cache_bytes: int, maps: bool = False) -> None:
         self.id = worker_id
         self.channel = channel
         self.pid = pid
         self.host = host
+        self.maps = maps   # it maps this process's host segments (see .segments)
         self.quota_left = quota
         self.known: set = set()
         self.drops: List[int] = []
@@ -39,9 +40,10 @@ class WorkerLink:
         self.stop_sent = False
         self.job_token: Optional[str] = None   # its job's token, for the job watch
 
-    def task_message(self, batch: List[Task]) -> Tuple[tuple, List[Any], int, int]:
+    def task_message(self, batch: List[Task]) -> Tuple[tuple, List[Any], int, int, int]:
         """The ``"tasks"`` message handing ``batch`` to this worker (see :mod:`.worker`):
-        ``(header, buffers, large arguments sent into its cache, cache hits)``.
+        ``(header, buffers, large arguments sent into its cache, cache hits, how many of
+        those it maps from host memory instead of receiving their bytes)``.
 
         Functions it lacks go with it; map tasks of one scalar each go as runs.
         """
@@ -78,7 +80,23 @@ class WorkerLink:
         self.solo = self.solo or solo
         drops, self.drops = self.drops, []
         cache_drops, cache.drops = cache.drops, []
-        buffers = [*func_buffers, *(entry.data for entry in added), *task_buffers]
-        header = ("tasks", funcs, drops, tasks, solo, [entry.key for entry in added], cache_drops,
-                  runs)
-        return header, buffers, len(added), hits
+        adds, add_buffers, mapped = self.cache_adds(added)
+        buffers = [*func_buffers, *add_buffers, *task_buffers]
+        header = ("tasks", funcs, drops, tasks, solo, adds, cache_drops, runs)
+        return header, buffers, len(added), hits, mapped
+
+    def cache_adds(self, entries: List[Any]) -> Tuple[List[tuple], List[Any], int]:
+        """How ``entries`` reach the worker's cache: ``([(key, reference or None)], the
+        bytes of those without a reference, how many have one)``. A worker that maps
+        this process's host segments gets a reference to the segment (see
+        :mod:`.segments`); others get the bytes."""
+        adds, data, mapped = [], [], 0
+        for entry in entries:
+            segment = entry.host_segment() if self.maps else None
+            if segment is not None:
+                adds.append((entry.key, segment.reference()))
+                mapped += 1
+            else:
+                adds.append((entry.key, None))
+                data.append(entry.data)
+        return adds, data, mapped

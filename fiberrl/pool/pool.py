@@ -63,6 +63,8 @@ class PoolStats:
     cached_arg_sends: int = 0    #: large arguments sent into a worker's cache
     cached_arg_hits: int = 0     #: large task arguments a worker's cache served instead
     cached_args: int = 0         #: shared large arguments the pool holds now (used by a task)
+    shared_arg_maps: int = 0     #: large arguments a worker mapped from this host's memory
+    #: instead of receiving their bytes (counted in ``cached_arg_sends`` too)
 
 
 def _check_callable(func: Any) -> None:
@@ -338,7 +340,8 @@ class Pool:
                          payload_bytes_sent=dispatcher.payload_bytes_sent,
                          cached_arg_sends=dispatcher.cached_arg_sends,
                          cached_arg_hits=dispatcher.cached_arg_hits,
-                         cached_args=core.buffers.live)
+                         cached_args=core.buffers.live,
+                         shared_arg_maps=dispatcher.shared_arg_maps)
 
     # -- stdlib-compatible internals used by CPython's tests --------------------------
     @property

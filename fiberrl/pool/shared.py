@@ -44,8 +44,13 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional
+
+from .segments import SEGMENT_MIN_BYTES, Segment
+
+logger = logging.getLogger(__name__)
 
 #: the default bound of each worker's cache (``Pool(arg_cache_bytes=...)``)
 DEFAULT_ARG_CACHE_BYTES = 256 * 1024 * 1024
@@ -54,7 +59,7 @@ DEFAULT_ARG_CACHE_BYTES = 256 * 1024 * 1024
 class SharedBuffer:
     """One cached argument: its key, an immutable copy of its bytes, who uses and holds it."""
 
-    __slots__ = ("key", "data", "nbytes", "users", "source", "holders")
+    __slots__ = ("key", "data", "nbytes", "users", "source", "holders", "segment")
 
     def __init__(self, key: int, data: bytes, source: Any) -> None:
         self.key = key
@@ -63,6 +68,17 @@ class SharedBuffer:
         self.users = 0                       # tasks (queued or running) that use it
         self.source = source                 # the caller's object, while the entry lives
         self.holders: "set[LinkCache]" = set()  # worker links that hold a copy
+        self.segment: Optional[Segment] = None  # its bytes in host memory, once mapped
+
+    def host_segment(self) -> Optional[Segment]:
+        """Its bytes in a segment that workers of this host map (made on first use, in
+        the I/O thread); None if no segment can be made (the bytes go on the wire)."""
+        if self.segment is None and self.nbytes >= SEGMENT_MIN_BYTES:
+            try:
+                self.segment = Segment.from_bytes(self.data)
+            except OSError as exc:
+                logger.debug("shared argument #%d goes on the wire: %s", self.key, exc)
+        return self.segment
 
     def __repr__(self) -> str:
         return f"<SharedBuffer #{self.key} {self.nbytes} B, {self.users} user(s)>"
@@ -124,6 +140,9 @@ class BufferTable:
                         if self._by_object.get(id(frame.source)) is frame:
                             del self._by_object[id(frame.source)]
                         frame.source = None
+                        if frame.segment is not None:   # workers keep their mappings
+                            frame.segment.close()
+                            frame.segment = None
                         self.live -= 1
                         self.live_bytes -= frame.nbytes
                         freed.append(frame)

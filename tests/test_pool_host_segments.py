@@ -1,0 +1,111 @@
+"""Large shared arguments on one host (fiberrl.pool.segments): written once into memory
+that every worker of the host maps, instead of one copy per worker through its stream;
+freed when no task uses them; sent again when changed; correct when workers die
+mid-broadcast, and when a worker cannot map them (it asks for the bytes)."""
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from arg_cache_tasks import held_segments, receipt, refuse_mapping
+from pool_helpers import wait_until
+
+from fiberrl.pool import segments
+
+MIB = 1024 * 1024
+
+pytestmark = pytest.mark.skipif(not segments.AVAILABLE, reason="needs Linux memfd and /proc")
+
+
+def up(pool, n):
+    assert wait_until(lambda: pool.stats().alive == n, 120), pool.stats()
+    return pool
+
+
+def master_segments():
+    """Host segments this process holds open."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += "memfd:fiberrl-arg" in os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+    return count
+
+
+def test_workers_of_one_host_map_the_same_buffer_and_copy_no_bytes(make_pool):
+    pool = up(make_pool(2), 2)
+    array = np.full(4 * MIB // 8, 0.5)   # 4 MiB
+    before = pool.stats()
+    results = pool.starmap(receipt, [(array, 0.01)] * 32, chunksize=1)
+    after = pool.stats()
+    assert [r[0] for r in results] == [array.sum()] * 32
+    assert (array == 0.5).all()            # each task changed its own copy only
+    by_worker = {pid: (counters, inodes) for _, pid, counters, inodes in results}
+    assert len(by_worker) == 2, "both workers ran tasks"
+    inodes = set()
+    for counters, held in by_worker.values():
+        assert counters["received_bytes"] == 0   # no worker copied the bytes in
+        assert counters["mapped"] >= 1
+        assert len(held) == 1
+        inodes.update(held)
+    assert len(inodes) == 1                       # one buffer, mapped by both
+    assert after.shared_arg_maps - before.shared_arg_maps == 2
+    assert after.payload_bytes_sent - before.payload_bytes_sent < MIB // 4   # no 4 MiB copy
+
+
+def test_the_buffer_is_freed_when_no_task_uses_it(make_pool):
+    pool = up(make_pool(2), 2)
+    array = np.ones(2 * MIB // 8)
+    baseline = master_segments()
+    pending = pool.starmap_async(receipt, [(array, 0.1)] * 8, chunksize=1)
+    assert wait_until(lambda: master_segments() == baseline + 1, 60)   # while tasks use it
+    pending.get(60)
+    assert pool.stats().cached_args == 0
+    assert master_segments() == baseline
+    # the workers are told within a tick (~0.1 s) to drop it
+    assert wait_until(lambda: all(not inodes for _, inodes in
+                                  pool.map(held_segments, [0.05] * 4, chunksize=1)), 10)
+
+
+def test_a_changed_object_is_mapped_anew(make_pool):
+    pool = up(make_pool(2), 2)
+    array = np.zeros(MIB // 8)
+    first = pool.starmap(receipt, [(array,)] * 8, chunksize=1)
+    maps = pool.stats().shared_arg_maps
+    array[:10] = 1.0
+    second = pool.starmap(receipt, [(array,)] * 8, chunksize=1)
+    assert {r[0] for r in first} == {0.0}
+    assert {r[0] for r in second} == {10.0}
+    assert pool.stats().shared_arg_maps > maps
+
+
+def test_workers_killed_mid_broadcast_lose_nothing(make_pool):
+    pool = up(make_pool(3), 3)
+    victims = [w.pid for w in pool.workers()][:2]
+    array = np.arange(2 * MIB // 8, dtype=np.float64)
+    result = pool.starmap_async(receipt, [(array, 0.05)] * 60, chunksize=1)
+    assert wait_until(lambda: pool.stats().shared_arg_maps >= 2, 60), pool.stats()
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    results = result.get(120)
+    assert [r[0] for r in results] == [array.sum()] * 60
+    assert pool.stats().worker_deaths == 2
+    assert up(pool, 3) and pool.stats().cached_args == 0
+
+
+def test_a_worker_that_cannot_map_asks_for_the_bytes(make_pool):
+    pool = up(make_pool(1, initializer=refuse_mapping), 1)
+    array = np.full(2 * MIB // 8, 3.0)
+    before = pool.stats()
+    results = pool.starmap(receipt, [(array,)] * 6, chunksize=1)
+    after = pool.stats()
+    assert [r[0] for r in results] == [array.sum()] * 6
+    counters = results[-1][2]
+    assert counters["mapped"] == 0 and counters["received_bytes"] == 2 * MIB
+    assert after.payload_bytes_sent - before.payload_bytes_sent >= 2 * MIB
+    # from then on it gets bytes at once (no second refusal and request)
+    again = pool.starmap(receipt, [(array + 1,)] * 6, chunksize=1)
+    assert [r[0] for r in again] == [(array + 1).sum()] * 6
+    assert pool.stats().shared_arg_maps == after.shared_arg_maps
