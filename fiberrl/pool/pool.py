@@ -182,7 +182,6 @@ class Pool:
         options = {"initializer": initializer, "initargs": initargs, "maxtasks": maxtasksperchild,
                    "heartbeat_interval": min(cfg.heartbeat_interval, timeout / 4),
                    "resources": resources.validate(cpu, mem, gpu, **hints)}
-        ensure_fd_room(processes)  # a clear error here, not EMFILE in a thread later
         self._processes = processes
         self._window = 4 * processes + 32
         ensure_fd_room(processes)  # a clear error here, not EMFILE in a thread later
@@ -391,6 +390,10 @@ class Pool:
         memo: dict = {}  # the call's tasks share their large buffers (see .shared)
         batch: list = []
         submit, make_task = core.dispatcher.submit, result._make_task
+        limit = 1   # the first task goes alone, so that a worker starts while the rest
+        #             are cut and pickled; then batches of 4, 16, 64, 256 (but tasks that
+        #             carry large buffers go together: the buffers they share are sent
+        #             once per worker only if the tasks sharing them are queued together)
         try:
             if chunksize == 1:   # no chunk lists to cut: each item is its own chunk
                 tasks = (Task(result, index, mode, None, 1, index, None, (item,))
@@ -402,9 +405,11 @@ class Pool:
                          for index, chunk in enumerate(chunks(iterable, chunksize)))
             for task in tasks:
                 batch.append(task)
-                if len(batch) >= 256:
+                if len(task.frames) > 1:
+                    limit = 256
+                if len(batch) >= limit:
                     submit(result, batch, False)
-                    batch = []
+                    batch, limit = [], min(256, limit * 4)
                     if window is not None and not result._wait_for_room(window):
                         if core.state == TERMINATE:
                             break   # the pool stopped: nothing more to run
@@ -425,7 +430,7 @@ class Pool:
         _check_count(chunksize, "chunksize")
         core = self._core
         total = len(iterable) if hasattr(iterable, "__len__") else None
-        result = IMapIterator(core, func, ordered, self._window, progress, total)
+        result = IMapIterator(core, func, ordered, self._window, progress, total, chunksize)
         feeder = threading.Thread(target=_feed, args=(core, result, iter(iterable), chunksize,
                                                       MAP),
                                   name=f"fiberrl-{core.name}-feeder", daemon=True)
