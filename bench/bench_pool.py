@@ -11,6 +11,7 @@ in the direction of the ratio) and whether it is met. A library that fails a mea
 shows ``error`` in its cell and the error under the measure's rows; the run goes on.
 
 Measures: noop_chunk1, noop_default, sleep_overhead, apply_latency, cold_start,
+cold_interpreter (a fresh interpreter: import, Pool(4), first result),
 es_loop (2 workers: the same 100k-float32 vector in all 64 tasks of an iteration),
 es_broadcast (the same with a 10M-float32 vector, 40 MB, new every iteration, and tasks of
 ~20 ms: its ratio to the ideal),
@@ -252,6 +253,44 @@ def m_cold_start(lib, quick):
     return {"first": statistics.median(samples) * 1e3}
 
 
+_COLD_SCRIPT = """
+import time
+started = time.perf_counter()
+import sys
+if sys.argv[1] == "fiberrl":
+    import fiberrl as ctx
+else:
+    import multiprocessing
+    ctx = multiprocessing.get_context(sys.argv[1])
+
+if __name__ == "__main__":
+    pool = ctx.Pool(4)
+    pool.apply(abs, (-1,))
+    print(time.perf_counter() - started)
+    pool.terminate()
+    pool.join()
+"""
+
+
+def m_cold_interpreter(lib, quick):
+    """A fresh interpreter's ``import``, ``Pool(4)`` and first ``apply`` result, timed
+    inside the script from its first line, median of 5 runs (ms)."""
+    import subprocess
+    name = "fiberrl" if lib is fiberrl else lib.get_start_method()
+    with tempfile.TemporaryDirectory(prefix="bench_cold_") as tmp:
+        script = os.path.join(tmp, "cold.py")
+        with open(script, "w") as fh:
+            fh.write(_COLD_SCRIPT)
+        samples = []
+        for _ in range(3 if quick else 5):
+            out = subprocess.run([sys.executable, script, name], capture_output=True, text=True,
+                                 timeout=WAIT_S, cwd=tmp)
+            if out.returncode != 0:
+                raise RuntimeError(out.stderr[-500:])
+            samples.append(float(out.stdout.split()[-1]))
+    return {"first": statistics.median(samples) * 1e3}
+
+
 def es_update(params, seeds, scores):
     """One ES step from the members' scores (noise regenerated from the seeds)."""
     weights = (scores - scores.mean()) / (scores.std() + 1e-8)
@@ -480,6 +519,9 @@ MEASURES = [
         Row("p90", "apply round trip p90, 2 w", "us")]),
     Measure("cold_start", m_cold_start, [
         Row("first", "Pool(4) to first apply result", "ms", Target("<=", 1, ("spawn",)))]),
+    Measure("cold_interpreter", m_cold_interpreter, [
+        Row("first", "fresh python: Pool(4) 1st result", "ms", Target("<=", 1, ("spawn",)))],
+        rounds=3),   # issue 32
     Measure("es_loop", m_es_loop, [
         Row("its", "ES loop 64x100k, 2 w", "iter/s", Target(">=", 1.8, ("fork",))),
         Row("maps", "  its map alone (no update)", "maps/s", Target(">=", 1.8, ("fork",))),

@@ -113,6 +113,7 @@ class Supervisor:
     # -- the thread ------------------------------------------------------------------
     def _run(self) -> None:
         try:
+            self._scale()   # the first workers start now, not after a first poll
             while True:
                 self._handle_events()
                 if not self.dispatcher.running():

@@ -2,8 +2,9 @@
 
 Jobs that run fiberrl's own entry point (every ``Process`` and pool worker) are
 forked from a warm fork server (:mod:`fiberrl.backends.local.forkserver`) unless the
-``forkserver`` setting is off; other commands, and any job the server cannot take,
-are started with ``subprocess``. Either way a job of fiberrl's entry point starts with
+``forkserver`` setting is off (the first job of a process is started as a new
+interpreter, and the second starts the server and waits for it); other commands, and
+any job the server cannot take, are started with ``subprocess``. Either way a job of fiberrl's entry point starts with
 SIGINT blocked until it is ready to take it (:mod:`fiberrl._runtime.interrupts`). A
 job's stdout and stderr (its own pipes, or for a forked job what its fork server
 relays on its one control socket) are pumped by one selector thread
@@ -35,6 +36,9 @@ from .forkserver_client import ForkedJob, ForkServer, fork_server, forkable
 logger = logging.getLogger(__name__)
 
 _TAIL_LINES = 200
+#: seconds a job waits for a fork server that is still importing before it is started
+#: as a new interpreter instead (the server is usually ready within ~0.1 s)
+SERVER_WAIT = 5.0
 
 
 def describe_exit(code: Optional[int]) -> str:
@@ -228,7 +232,11 @@ class LocalBackend(Backend):
             if server is None:
                 return None
             self._output().attach(server)   # before its first job can print
-            if not server.serves(env):
+            if not server.matches(env):
+                return None
+            if not server.wait_ready(SERVER_WAIT):
+                logger.info("fork server not ready after %.0f s; starting %s as a new "
+                            "interpreter", SERVER_WAIT, spec.name)
                 return None
             return server.start_job(env, spec.cwd, spec.pass_fds, timeout=cfg.start_timeout)
         except OSError as exc:  # ForkServerError, or the server could not be started

@@ -26,8 +26,9 @@ the server, not three per job. Output waits in the server when the parent is slo
 to read (up to :data:`RELAY_LIMIT` bytes; then the jobs' writes block, as on a full
 terminal). When the parent shuts down its side of the control socket (or dies), the
 server stops accepting and exits once its last job has been reaped and reported. The
-server says when its imports are done; until then the parent execs its jobs instead
-of waiting, so the first job starts no later than it would without a server.
+server says when its imports are done. The parent's first job is exec'd (it does
+not wait for a server); the second starts the server, and it and later jobs wait
+for it (a few seconds at most) rather than start more interpreters beside it.
 
 A job forked here dies with the server (``PR_SET_PDEATHSIG``): only the server can
 reap it and report its exit code. It has no threads but the main one, a fresh random seed (``random``

@@ -151,7 +151,22 @@ class ForkServer:
         """Whether a job with ``env`` can be forked here now: its start-up variables
         match the server's, and the server has finished its imports (until then,
         forking would wait for them)."""
-        return _start_up_env(env) == self._start_up and self.ready()
+        return self.matches(env) and self.ready()
+
+    def matches(self, env: Dict[str, str]) -> bool:
+        """Whether a job with ``env`` can be forked here: its interpreter start-up
+        variables are the server's."""
+        return _start_up_env(env) == self._start_up
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the server's imports; whether it is ready."""
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.alive():
+                return False
+            self.wait_readable(min(left, 0.05))
+        return True
 
     def ready(self) -> bool:
         """Whether the server has imported what jobs need and takes requests."""
@@ -307,7 +322,9 @@ def fork_server(python: str) -> Optional[ForkServer]:
 
     None for this process's first job: a program that starts one process should not
     pay for a server (its start competes with that job's for the CPU); the second
-    job starts the server, and jobs are forked once it is ready.
+    job starts the server, and jobs are forked once it is ready (the local backend
+    waits for it rather than starting more interpreters beside it: on a small
+    machine they would slow each other, and the first job, down).
     """
     key = (os.getpid(), python)
     with _servers_lock:
