@@ -63,3 +63,23 @@ def refuse_mapping():
         return attach(cls, ref)
 
     segments.Segment.attach = classmethod(refused)
+
+
+def pretend_host(counter_path):
+    """Pool initializer: this worker's host name becomes ``pretend-<n // 2>``, n counting
+    the workers that ran this (two workers a "host"), as if they ran on other machines."""
+    import fcntl
+    import socket
+    with open(counter_path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        count = len(fh.read())
+        fh.write("x")
+    name = f"pretend-{count // 2}"
+    socket.gethostname = lambda: name
+
+
+def receipt_on_host(array, pause=0.0):
+    """:func:`receipt` and this worker's host name."""
+    import socket
+    return (*receipt(array, pause), socket.gethostname())

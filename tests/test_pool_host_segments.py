@@ -109,3 +109,49 @@ def test_a_worker_that_cannot_map_asks_for_the_bytes(make_pool):
     again = pool.starmap(receipt, [(array + 1,)] * 6, chunksize=1)
     assert [r[0] for r in again] == [(array + 1).sum()] * 6
     assert pool.stats().shared_arg_maps == after.shared_arg_maps
+
+
+def test_another_host_receives_the_bytes_once_and_its_workers_map_them(make_pool, tmp_path):
+    """Workers that say they run on two other hosts (two each): one worker of each host
+    receives the bytes, keeps them in a segment and is its host's relay; the other maps
+    that segment. One copy per host leaves the pool's process, not one per worker."""
+    from arg_cache_tasks import pretend_host, receipt_on_host
+    pool = up(make_pool(4, initializer=pretend_host, initargs=(str(tmp_path / "hosts"),)), 4)
+    array = np.full(2 * MIB // 8, 1.5)   # 2 MiB
+    before = pool.stats()
+    results = pool.starmap(receipt_on_host, [(array, 0.02)] * 48, chunksize=1)
+    after = pool.stats()
+    assert [r[0] for r in results] == [array.sum()] * 48
+    sent = after.payload_bytes_sent - before.payload_bytes_sent
+    assert 2 * 2 * MIB <= sent < 2.5 * 2 * MIB, sent   # two hosts: two copies
+    by_worker = {pid: (host, counters, inodes) for _, pid, counters, inodes, host in results}
+    hosts = {}
+    for host, counters, inodes in by_worker.values():
+        hosts.setdefault(host, []).append((counters, inodes))
+    assert sorted(hosts) == ["pretend-0", "pretend-1"]
+    for host, workers in hosts.items():
+        receivers = [c for c, _ in workers if c["received_bytes"] == 2 * MIB]
+        mappers = [c for c, _ in workers if c["received_bytes"] == 0 and c["mapped"] >= 1]
+        assert len(receivers) == 1 and len(receivers) + len(mappers) == len(workers), workers
+        assert len({i for _, inodes in workers for i in inodes}) == 1   # one buffer a host
+    assert after.shared_arg_maps - before.shared_arg_maps == len(by_worker) - 2
+
+
+def test_relays_killed_mid_broadcast_lose_nothing(make_pool, tmp_path):
+    from arg_cache_tasks import pretend_host, receipt_on_host
+    pool = up(make_pool(4, initializer=pretend_host, initargs=(str(tmp_path / "hosts"),)), 4)
+    array = np.arange(2 * MIB // 8, dtype=np.float64)
+    result = pool.starmap_async(receipt_on_host, [(array, 0.05)] * 80, chunksize=1)
+    assert wait_until(lambda: pool.stats().shared_arg_maps >= 2, 60), pool.stats()
+    dispatcher = pool._core.dispatcher
+    with dispatcher.lock:   # the workers that are their host's relay now
+        relays = {relay[0] for entry in dispatcher.buffers._by_object.values()
+                  for relay in entry.relays.values() if type(relay) is tuple}
+        victims = [dispatcher.links[i].pid for i in relays if i in dispatcher.links]
+    assert victims
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    results = result.get(120)
+    assert [r[0] for r in results] == [array.sum()] * 80
+    assert pool.stats().worker_deaths == len(victims)
+    assert up(pool, 4) and pool.stats().cached_args == 0

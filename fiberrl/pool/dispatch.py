@@ -31,6 +31,7 @@ import collections
 import functools
 import logging
 import selectors
+import socket
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -90,6 +91,8 @@ class Dispatcher:
         self.shared_arg_maps = 0     # cache entries sent as a reference to host memory
         self.probe = make_probe()    # workers that can open it map our host segments
         self.probe_ref = self.probe.reference() if self.probe is not None else None
+        self.hostname = socket.gethostname()
+        self.deferred: List[WorkerLink] = []   # waiting for their host's relay (.links)
         self.closing = False
         self._stopped = False
         self.reactor = rt.reactor
@@ -248,20 +251,47 @@ class Dispatcher:
             self._make_hungry(link)
         elif kind == "need":
             self._send_bytes(link, header[1])
+        elif kind == "have":
+            self._relay_ready(link, header[1])
         elif kind == "bye":
             link.retiring = True
 
     def _send_bytes(self, link: WorkerLink, keys: List[int]) -> None:
-        """The worker could not map the host segments of ``keys``: send their bytes, and
-        only bytes from now on."""
+        """The worker could not map the segments of ``keys``: send their bytes (and, for
+        this host's segments, only bytes from now on; another host's relay is forgotten:
+        the worker that asked becomes it)."""
         link.maps = False
         entries = [link.cache.held[key] for key in keys if key in link.cache.held]
+        for entry in entries:
+            if type(entry.relays.get(link.host)) is tuple:
+                del entry.relays[link.host]
         adds, data, _ = link.cache_adds(entries)
         adds += [(key, False) for key in keys if key not in link.cache.held]  # (a bug)
         logger.info("pool worker %d could not map %d shared argument(s); sending their bytes",
                     link.id, len(keys))
         self.payload_bytes_sent += self._send_message(
             link, ("tasks", [], [], [], False, adds, [], []), data)
+
+    def _relay_ready(self, link: WorkerLink, made: list) -> None:
+        """The worker stored large arguments it received as segments of its own (a
+        reference, each), or could not (None): the first becomes its host's relay."""
+        for key, fd, size, tag in made:
+            entry = link.cache.held.get(key)
+            if entry is None:
+                continue   # dropped meanwhile
+            relay = entry.relays.get(link.host)
+            if fd is None:
+                if relay == link.id:
+                    del entry.relays[link.host]
+            elif type(relay) is not tuple:
+                entry.relays[link.host] = (link.id, (link.host, link.pid, fd, size, tag))
+        self._undefer()
+
+    def _undefer(self) -> None:
+        """Workers that waited for their host's relay try again."""
+        deferred, self.deferred = self.deferred, []
+        for link in deferred:
+            self._make_hungry(link)
 
     def _identify(self, data: list, header: tuple) -> None:
         kind = header[0]
@@ -273,7 +303,9 @@ class Dispatcher:
             self.events.put(("init_failed", worker_id, header[3]))
             raise ConnectionError("initializer failed")
         _, _, _, pid, host, maps = header
-        link = WorkerLink(worker_id, data[0], pid, host, maxtasks, self.arg_cache_bytes, maps)
+        here = host == self.hostname
+        link = WorkerLink(worker_id, data[0], pid, host, maxtasks, self.arg_cache_bytes,
+                          maps and here, not here)
         link.job_token = self.job_tokens.pop(worker_id, None)
         data[1] = link
         self.links[worker_id] = link
@@ -387,6 +419,9 @@ class Dispatcher:
             link = hungry.popleft()
             link.hungry = False
             free = self._free_credit(link, queue[0])
+            if free > 0 and link.relayed and link.awaits_relay(queue[0]):
+                self.deferred.append(link)   # until its host's relay has the bytes
+                continue
             if free <= 0:
                 if not link.dead and not link.retiring and queue[0].suspect:
                     self._make_hungry(link)  # may take a normal task once the suspect is placed
@@ -463,7 +498,8 @@ class Dispatcher:
             link.dead = True
             self._unregister(link.channel)
             link.channel.close()
-            link.cache.close()
+            link.cache.close()   # (and it is no relay any more: those waiting go on)
+            self._undefer()
         requeue, exhausted = self.pending.worker_lost(worker_id, how)
         if requeue:
             logger.log(logging.WARNING if unexpected else logging.INFO,
@@ -490,6 +526,7 @@ class Dispatcher:
 
     def _tick(self) -> None:
         now = time.monotonic()
+        self._undefer()   # (a relay that never said it has the bytes is not waited for)
         idle_release = self.idle_timeout is not None and not self.queue
         for link in list(self.links.values()):
             if link.dead:

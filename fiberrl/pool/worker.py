@@ -16,6 +16,10 @@ reference to a host segment to map (see :mod:`fiberrl.pool.segments`), or None f
 bytes that follow as the frames after the functions' (False: the pool has no such
 entry, a bug reported by the tasks that use it). An entry whose segment cannot be
 mapped is asked for again with ``"need"``, and the tasks using it wait for its bytes.
+A large entry that came as bytes is kept in a segment of this worker's own, and
+``"have"`` tells the pool where, at once: on a host other than the pool's, the other
+workers of this host then map it instead of receiving the bytes too (this worker is
+its host's relay).
 
 Messages (headers; pickle streams are bytes inside the header, large buffers follow)::
 
@@ -26,6 +30,7 @@ Messages (headers; pickle streams are bytes inside the header, large buffers fol
                     ("stop",)
     worker -> pool  ("hello", worker_id, token, pid, host, maps host segments?)
                     ("need", [cache key])
+                    ("have", [(cache key, fd, size, tag) or (cache key, None, 0, b"")])
                     ("init_failed", worker_id, token, traceback_text)
                     ("results", [(task_id, ok, stream, n_buffers, seconds)],
                      ([task_id], [value], seconds) or None)
@@ -225,10 +230,10 @@ class Worker:
             self.functions.pop(func_id, None)
         for key in cache_drops:
             self._drop(key)
-        needed = []
+        needed, made = [], []
         for key, ref in cache_adds:
             if ref is None:
-                self._store(key, buffers[position])
+                made.extend(self._store(key, buffers[position]))
                 position += 1
             elif ref is False:
                 self.awaited.discard(key)   # never coming: the tasks using it report it
@@ -244,6 +249,8 @@ class Worker:
         if needed:
             self.awaited.update(needed)
             self.conn.send(("need", needed))
+        if made:
+            self.conn.send(("have", made))
         for task_id, func_id, mode, stream, layout in tasks:
             frames = [stream]
             for key in layout:  # cached entries are looked up when the task runs
@@ -256,9 +263,11 @@ class Worker:
         self.queue.extend(runs)   # (func_id, task ids, items): map tasks of one scalar each
         return True
 
-    def _store(self, key: int, frame: Any) -> None:
+    def _store(self, key: int, frame: Any) -> List[tuple]:
         """Keep an entry that came as bytes: a copy (the frame is a view of the whole
-        message), in a segment of its own when large, so tasks map it instead of copying."""
+        message), in a segment of its own when large, so tasks map it instead of copying;
+        ``[(key, where the segment is)]`` for a large one (``(key, None, 0, b"")`` if no
+        segment could be made), else ``[]``."""
         self._drop(key)
         data = None
         if frame.nbytes >= SEGMENT_MIN_BYTES:
@@ -269,6 +278,9 @@ class Worker:
         self.cache[key] = bytes(frame) if data is None else data
         self.awaited.discard(key)
         ARG_COUNTERS["received_bytes"] += frame.nbytes
+        if frame.nbytes < SEGMENT_MIN_BYTES:
+            return []
+        return [(key, data.fd, data.size, data.tag) if data is not None else (key, None, 0, b"")]
 
     def _drop(self, key: int) -> None:
         data = self.cache.pop(key, None)
