@@ -31,7 +31,6 @@ import collections
 import functools
 import logging
 import selectors
-import socket
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -43,7 +42,7 @@ from .._runtime.runtime import runtime
 from .._wire.stream import Channel
 from .links import WorkerLink
 from .pending import PendingTable
-from .segments import make_probe
+from .broadcast import Broadcast
 from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable, SharedBuffer
 from .tasks import Task
 from .wire import PoolChannel
@@ -88,11 +87,7 @@ class Dispatcher:
         self.payload_bytes_sent = 0
         self.cached_arg_sends = 0
         self.cached_arg_hits = 0
-        self.shared_arg_maps = 0     # cache entries sent as a reference to host memory
-        self.probe = make_probe()    # workers that can open it map our host segments
-        self.probe_ref = self.probe.reference() if self.probe is not None else None
-        self.hostname = socket.gethostname()
-        self.deferred: List[WorkerLink] = []   # waiting for their host's relay (.links)
+        self.broadcast = Broadcast(self._send_message, self._make_hungry)
         self.closing = False
         self._stopped = False
         self.reactor = rt.reactor
@@ -250,48 +245,11 @@ class Dispatcher:
                 link.idle_since = time.monotonic()
             self._make_hungry(link)
         elif kind == "need":
-            self._send_bytes(link, header[1])
+            self.payload_bytes_sent += self.broadcast.need(link, header[1])
         elif kind == "have":
-            self._relay_ready(link, header[1])
+            self.broadcast.have(link, header[1])
         elif kind == "bye":
             link.retiring = True
-
-    def _send_bytes(self, link: WorkerLink, keys: List[int]) -> None:
-        """The worker could not map the segments of ``keys``: send their bytes (and, for
-        this host's segments, only bytes from now on; another host's relay is forgotten:
-        the worker that asked becomes it)."""
-        link.maps = False
-        entries = [link.cache.held[key] for key in keys if key in link.cache.held]
-        for entry in entries:
-            if type(entry.relays.get(link.host)) is tuple:
-                del entry.relays[link.host]
-        adds, data, _ = link.cache_adds(entries)
-        adds += [(key, False) for key in keys if key not in link.cache.held]  # (a bug)
-        logger.info("pool worker %d could not map %d shared argument(s); sending their bytes",
-                    link.id, len(keys))
-        self.payload_bytes_sent += self._send_message(
-            link, ("tasks", [], [], [], False, adds, [], []), data)
-
-    def _relay_ready(self, link: WorkerLink, made: list) -> None:
-        """The worker stored large arguments it received as segments of its own (a
-        reference, each), or could not (None): the first becomes its host's relay."""
-        for key, fd, size, tag in made:
-            entry = link.cache.held.get(key)
-            if entry is None:
-                continue   # dropped meanwhile
-            relay = entry.relays.get(link.host)
-            if fd is None:
-                if relay == link.id:
-                    del entry.relays[link.host]
-            elif type(relay) is not tuple:
-                entry.relays[link.host] = (link.id, (link.host, link.pid, fd, size, tag))
-        self._undefer()
-
-    def _undefer(self) -> None:
-        """Workers that waited for their host's relay try again."""
-        deferred, self.deferred = self.deferred, []
-        for link in deferred:
-            self._make_hungry(link)
 
     def _identify(self, data: list, header: tuple) -> None:
         kind = header[0]
@@ -302,10 +260,9 @@ class Dispatcher:
         if kind == "init_failed":
             self.events.put(("init_failed", worker_id, header[3]))
             raise ConnectionError("initializer failed")
-        _, _, _, pid, host, maps = header
-        here = host == self.hostname
+        _, _, _, pid, host, opened_probe = header
         link = WorkerLink(worker_id, data[0], pid, host, maxtasks, self.arg_cache_bytes,
-                          maps and here, not here)
+                          *self.broadcast.roles(host, opened_probe))
         link.job_token = self.job_tokens.pop(worker_id, None)
         data[1] = link
         self.links[worker_id] = link
@@ -419,9 +376,8 @@ class Dispatcher:
             link = hungry.popleft()
             link.hungry = False
             free = self._free_credit(link, queue[0])
-            if free > 0 and link.relayed and link.awaits_relay(queue[0]):
-                self.deferred.append(link)   # until its host's relay has the bytes
-                continue
+            if free > 0 and self.broadcast.defer(link, queue[0]):
+                continue   # until its host's relay has the bytes
             if free <= 0:
                 if not link.dead and not link.retiring and queue[0].suspect:
                     self._make_hungry(link)  # may take a normal task once the suspect is placed
@@ -447,7 +403,7 @@ class Dispatcher:
         header, buffers, sends, hits, mapped = link.task_message(batch)
         self.cached_arg_sends += sends
         self.cached_arg_hits += hits
-        self.shared_arg_maps += mapped
+        self.broadcast.maps += mapped
         self.pending.assign_all(batch, link.id)
         if link.quota_left is not None:
             link.quota_left -= len(batch)
@@ -499,7 +455,7 @@ class Dispatcher:
             self._unregister(link.channel)
             link.channel.close()
             link.cache.close()   # (and it is no relay any more: those waiting go on)
-            self._undefer()
+            self.broadcast.wake_deferred()
         requeue, exhausted = self.pending.worker_lost(worker_id, how)
         if requeue:
             logger.log(logging.WARNING if unexpected else logging.INFO,
@@ -526,7 +482,7 @@ class Dispatcher:
 
     def _tick(self) -> None:
         now = time.monotonic()
-        self._undefer()   # (a relay that never said it has the bytes is not waited for)
+        self.broadcast.wake_deferred()   # (a relay that never says "have" is not waited for)
         idle_release = self.idle_timeout is not None and not self.queue
         for link in list(self.links.values()):
             if link.dead:
@@ -588,8 +544,7 @@ class Dispatcher:
         for data in list(self._streams.values()):
             self._unregister(data[0])
             data[0].close()
-        if self.probe is not None:
-            self.probe.close()
+        self.broadcast.close()
         self.acceptor.unroute(self.label)
         self._done.set()
 

@@ -63,8 +63,9 @@ class PoolStats:
     cached_arg_sends: int = 0    #: large arguments sent into a worker's cache
     cached_arg_hits: int = 0     #: large task arguments a worker's cache served instead
     cached_args: int = 0         #: shared large arguments the pool holds now (used by a task)
-    shared_arg_maps: int = 0     #: large arguments a worker mapped from this host's memory
-    #: instead of receiving their bytes (counted in ``cached_arg_sends`` too)
+    shared_arg_maps: int = 0     #: large arguments a worker mapped from its host's memory
+    #: (this process's, or another worker's there) instead of receiving their bytes
+    #: (counted in ``cached_arg_sends`` too)
 
 
 def _check_callable(func: Any) -> None:
@@ -340,7 +341,7 @@ class Pool:
                          cached_arg_sends=dispatcher.cached_arg_sends,
                          cached_arg_hits=dispatcher.cached_arg_hits,
                          cached_args=core.buffers.live,
-                         shared_arg_maps=dispatcher.shared_arg_maps)
+                         shared_arg_maps=dispatcher.broadcast.maps)
 
     # -- stdlib-compatible internals used by CPython's tests --------------------------
     @property

@@ -319,7 +319,7 @@ class Supervisor:
                                       args=(self.dispatcher.address, worker_id, token,
                                             options["initializer"], options["initargs"],
                                             options["maxtasks"], options["heartbeat_interval"],
-                                            self.dispatcher.probe_ref))
+                                            self.dispatcher.broadcast.probe_ref))
                     process.start()
                     self.dispatcher.call_soon(functools.partial(
                         self.dispatcher.job_started, worker_id, process._popen._token))
