@@ -71,6 +71,20 @@ def test_the_master_holds_two_descriptors_per_worker(make_pool):
     assert wait([sentinel], 10), "the sentinel made late did not fire at the job's end"
 
 
+def test_a_new_worker_costs_the_supervisor_no_pass_over_the_others(make_pool):
+    """Start-up linear in the pool's size (issue 32): the supervisor's loop, run for each
+    worker's hello, reads counts and sets kept as workers come and go; a pass over every
+    worker happens only on a timer (time limits, once a second) or on a shrink/close."""
+    started = time.monotonic()
+    pool = make_pool(48)
+    assert wait_until(lambda: pool.stats().alive == 48, 600), pool.stats()
+    elapsed = time.monotonic() - started
+    roster = pool._core.supervisor.roster
+    assert roster.scans <= 2 + 1.5 * elapsed, (roster.scans, elapsed)
+    assert roster.active == 48 and roster.starting == 0
+    assert pool.map(abs, range(-96, 0)) == list(range(96, 0, -1))
+
+
 def test_resize_checks_the_fd_budget_of_the_workers_it_adds(make_pool, monkeypatch):
     import fiberrl.pool.pool as pool_module
     pool = make_pool(1)

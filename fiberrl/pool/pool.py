@@ -329,9 +329,8 @@ class Pool:
         dispatcher, supervisor = core.dispatcher, core.supervisor
         links = list(dispatcher.links.values())
         alive = [link for link in links if not link.dead]
-        records = list(supervisor.records.values())
         return PoolStats(target=self._processes, alive=len(alive),
-                         starting=sum(1 for r in records if not r.hello),
+                         starting=supervisor.roster.starting,
                          idle=sum(1 for link in alive if dispatcher.pending.held_by(link.id) == 0),
                          queued=len(dispatcher.queue), pending=len(dispatcher.pending),
                          completed=dispatcher.completed, worker_deaths=supervisor.worker_deaths,
@@ -351,7 +350,7 @@ class Pool:
         core = self._core
         if core is not None and core.state == RUN:
             deadline = time.monotonic() + 60.0
-            while (len(core.supervisor.records) < self._processes and time.monotonic() < deadline
+            while (len(core.supervisor.roster) < self._processes and time.monotonic() < deadline
                    and core.supervisor.thread.is_alive()):
                 time.sleep(0.01)
         return self.workers()

@@ -51,6 +51,7 @@ import fcntl
 import json
 import logging
 import os
+import resource
 import stat
 import select
 import signal
@@ -154,6 +155,8 @@ class _Server:
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
+        self.limits, self.high = _room_for_pipes()
+        self.top = -1   # the highest output pipe ever kept at or above self.high
 
     def serve(self) -> None:
         """Run until the parent stopped sending requests and every job has been reaped."""
@@ -225,6 +228,7 @@ class _Server:
             os.close(fd)  # the job holds them now
         self.running.add(pid)
         for number, fd in enumerate(pipes, 1):
+            pipes[number - 1] = fd = self._lift(fd)
             os.set_blocking(fd, False)
             self.pipes[fd] = (pid, number)
             self.poller.register(fd, 0 if self.throttled else select.POLLIN)
@@ -233,6 +237,20 @@ class _Server:
         _send(report, f"P{pid}")
         report.close()   # its exit is reported on the control socket
         self.table.record(pid, request["env"])
+
+    def _lift(self, fd: int) -> int:
+        """Move a kept output pipe to a number at or above ``self.high``, where a forked
+        job closes all of them in one call (not one by one: each fork would cost a
+        close per job running, and a pool's start-up would grow with its square)."""
+        if self.high is None:
+            return fd
+        try:
+            lifted = fcntl.fcntl(fd, fcntl.F_DUPFD, self.high)
+        except OSError:
+            return fd
+        os.close(fd)
+        self.top = max(self.top, lifted)
+        return lifted
 
     # -- reports ----------------------------------------------------------------------
     def _report(self, record: bytes) -> None:
@@ -343,8 +361,13 @@ class _Server:
             report.close()
             if self.control is not None:
                 self.control.close()
-            for fd in self.pipes:   # its siblings' output pipes
-                os.close(fd)
+            if self.high is not None and self.top >= self.high:   # its siblings' output
+                os.closerange(self.high, self.top + 1)
+            for fd in self.pipes:   # (those the server could not lift)
+                if self.high is None or fd < self.high:
+                    os.close(fd)
+            if self.limits is not None:   # the user's limit, not the server's
+                resource.setrlimit(resource.RLIMIT_NOFILE, self.limits)
             signal.set_wakeup_fd(-1)
             os.close(self.wake_r)
             os.close(self.wake_w)
@@ -365,6 +388,21 @@ class _Server:
             traceback.print_exc()
         finally:
             _exit(code)
+
+
+def _room_for_pipes() -> Tuple[Optional[Tuple[int, int]], Optional[int]]:
+    """Raise the server's open-file limit to the hard one (it keeps two pipes per job),
+    keeping the numbers from the old soft limit on for those pipes: ``(the limits to
+    give back to jobs, the first pipe number)``, or ``(None, None)`` if the limit
+    cannot be raised."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard != resource.RLIM_INFINITY and hard <= soft + 64:
+            return None, None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError):
+        return None, None
+    return (soft, hard), soft
 
 
 def _load_prctl() -> Optional[Callable[..., int]]:
