@@ -1,7 +1,7 @@
 """What a pool's master costs per worker, and how it behaves at 64-1,024 workers (issue 23).
 
     python bench/bench_scale.py [--workers 64 256] [--backend local|slurm] [--cpu 1]
-                                [--only startup idle noop sleep kill node] [--fork-reference]
+                                [--only idle noop sleep kill node es broadcast] [--fork-reference]
                                 [--per-job 1 16]
 
 For each pool size: the time from ``Pool(n)`` to every worker connected; the master's
@@ -13,7 +13,9 @@ RSS/USS; no-op ``map`` tasks/s (chunksize 1 and default); Fiber's overhead test
 SIGKILL of 10% of the workers at once mid-map (every result back? extra seconds over
 the same map without kills; seconds until the pool is whole again); rl's ES with a
 population of 1,024 (seconds per generation, split into the pool's map and the learner,
-and the task time per worker); with ``--backend
+and the task time per worker); ``broadcast``: the bytes that leave the master per map of
+a new 40 MiB vector shared by all its tasks, counted in copies of the vector (one per
+host, or none on this host's workers, since issue 32; one per worker before); with ``--backend
 slurm`` and ``node``, one node of the ``multi`` cluster lost (its slurmd and every
 process in its namespace): seconds until its tasks ran again elsewhere.
 
@@ -210,6 +212,30 @@ def lose_node(pool, n, conf, d=0.5, per_worker=6):
     return node, done - killed, done - started, pool.stats().worker_deaths, hosts, delays
 
 
+def vector_norm(vector, seed):
+    """A task that reads a large shared vector once (ES-shaped)."""
+    import numpy
+    return float(numpy.dot(vector, vector)) + seed
+
+
+def broadcast_copies(pool, n, mib=40, per_worker=4, rounds=3):
+    """Bytes that leave this process per broadcast of a new ``mib`` MiB vector to
+    ``per_worker * n`` tasks, in copies of the vector (median of ``rounds``), and the
+    hosts the workers run on."""
+    import numpy
+    import socket
+    copies = []
+    for r in range(rounds):
+        vector = numpy.full(mib * MIB // 4, float(r + 1), dtype=numpy.float32)
+        before = pool.stats().payload_bytes_sent
+        results = pool.starmap(vector_norm, [(vector, k) for k in range(per_worker * n)],
+                               chunksize=1)
+        assert results[0] == float(vector @ vector)
+        copies.append((pool.stats().payload_bytes_sent - before) / vector.nbytes)
+    hosts = {host for host, _ in pool.map(nap, [0.05] * (2 * n), chunksize=1)}
+    return statistics.median(copies), hosts, socket.gethostname() in hosts
+
+
 def es_generations(pool, n, generations=3):
     """rl's ES, population 1,024 on CartPole (50-step episodes, 2 per task: 512 tasks):
     median seconds per generation, in the pool's map, and of worker time per worker."""
@@ -290,6 +316,11 @@ def run(n, args, per_job=1):
             print(f"  ES population 1,024 (512 tasks), CartPole 50 steps: {gen:.2f} s/generation; "
                   f"{pool_s:.2f} s in the map, {gen - pool_s:.2f} s in the learner, "
                   f"{per_worker:.3f} s of task time per worker")
+        if "broadcast" in only:
+            copies, hosts, here = broadcast_copies(pool, n)
+            print(f"  broadcast of a new 40 MiB vector to {4 * n} tasks: {copies:.2f} copies "
+                  f"left this process (median of 3); workers on {len(hosts)} host(s)"
+                  f"{', this one among them' if here else ''}")
         if "node" in only and args.backend == "slurm":
             node, since, total, deaths, hosts, delays = lose_node(pool, n, os.environ["SLURM_CONF"])
             print(f"  node {node} lost mid-map: map done {since:.2f} s after the kill ({total:.2f} s in all), "
@@ -310,7 +341,7 @@ def main():
     parser.add_argument("--backend", default="local", choices=["local", "slurm"])
     parser.add_argument("--cpu", type=float, default=None, help="CPUs each worker asks for")
     parser.add_argument("--only", nargs="+", default=["idle", "noop", "sleep", "kill", "node", "es"],
-                        choices=["idle", "noop", "sleep", "kill", "node", "es"])
+                        choices=["idle", "noop", "sleep", "kill", "node", "es", "broadcast"])
     parser.add_argument("--fork-reference", action="store_true",
                         help="run the stdlib fork pool's sleep test at the same sizes")
     parser.add_argument("--idle-s", type=float, default=5.0)
