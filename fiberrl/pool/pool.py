@@ -139,8 +139,8 @@ class Pool:
       cluster (default None: workers stay); released workers start again when work
       arrives;
     - ``arg_cache_bytes``: bytes of large arguments each worker may keep so that an
-      argument shared by many tasks crosses the wire once per worker (default 256 MiB;
-      see :mod:`fiberrl.pool.shared`);
+      argument shared by many tasks is sent once per worker at most, and from 1 MiB
+      once per host (default 256 MiB; see :mod:`fiberrl.pool.shared`);
     - ``cpu``, ``mem``, ``gpu`` and backend hints such as ``time_limit`` or
       ``partition`` (see :mod:`fiberrl.resources`): what each worker's job asks for.
 
