@@ -263,6 +263,7 @@ def run(n, args, per_job=1):
     """Every chosen measure at ``n`` workers; prints one block."""
     only = set(args.only)
     base_fds, base_threads, base_rss = master_usage()
+    cpu_before = psutil.Process().cpu_times()
     started = time.monotonic()
     hints = {"cpu": args.cpu} if args.cpu else {}
     if per_job > 1:
@@ -275,6 +276,8 @@ def run(n, args, per_job=1):
             print(f"\n== {n} workers, backend {args.backend}, workers_per_job {per_job}: {exc} "
                   f"(load average {os.getloadavg()[0]:.1f})")
             return
+        cpu_after = psutil.Process().cpu_times()
+        start_cpu = (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system)
         fds, threads, rss = master_usage()
         starting = fiberrl.config.get_config().extra.get("slurm_starting_per_job", "default")
         print(f"\n== {n} workers, backend {args.backend}, workers_per_job {per_job}, "
@@ -282,6 +285,8 @@ def run(n, args, per_job=1):
               f"{os.getloadavg()[0]:.1f}, 2-core machine shared with others)")
         print(f"  Pool({n}) to all workers up          {up:8.2f} s   "
               f"({(time.monotonic() - started):.2f} s with the constructor)")
+        print(f"  master CPU during the start-up       {start_cpu:8.2f} s   "
+              f"({start_cpu / n * 1e3:.1f} ms per worker)")
         print(f"  master fds                           {fds:8d}     (+{(fds - base_fds) / n:.2f} per worker)")
         print(f"  master threads                       {threads:8d}     (+{threads - base_threads})")
         print(f"  master RSS                           {rss:8.1f} MiB (+{(rss - base_rss) * 1024 / n:.0f} KiB per worker)")
