@@ -200,31 +200,32 @@ class _Server:
                 os.close(fd)
             return
         report = socket.socket(fileno=fds[0])
-        pipes: List[int] = []
+        pipes: List[int] = []     # the read ends this server keeps
+        ends: List[int] = []      # the job's write ends
         try:
             request = json.loads(msg)
             output = 2 if request.get("output") else 1
             if not (isinstance(request.get("env"), dict) and isinstance(request.get("cwd"), str)
                     and len(request.get("fds", ())) == len(fds) - output):
                 raise ValueError("malformed request")
-            if output == 2:
-                stdout = stderr = fds[1]
-            else:   # relayed to the parent on the control socket
-                out_r, stdout = os.pipe()
-                err_r, stderr = os.pipe()
-                pipes = [out_r, err_r]
+            if output == 1:   # relayed to the parent on the control socket
+                for _ in range(2):
+                    read_end, write_end = os.pipe()
+                    pipes.append(read_end)
+                    ends.append(write_end)
+            stdout, stderr = ends if ends else (fds[1], fds[1])
             pid = os.fork()
         except (OSError, ValueError, AttributeError) as exc:
             _send(report, f"E{type(exc).__name__}: {exc}")
             report.close()
-            for fd in fds[1:] + pipes + ([stdout, stderr] if pipes else []):
+            for fd in fds[1:] + pipes + ends:
                 os.close(fd)
             return
         if pid == 0:
             for fd in pipes:
                 os.close(fd)
             self._become_job(request, report, stdout, stderr, fds[output:])  # never returns
-        for fd in {*fds[1:], stdout, stderr}:
+        for fd in {*fds[1:], *ends}:
             os.close(fd)  # the job holds them now
         self.running.add(pid)
         for number, fd in enumerate(pipes, 1):
