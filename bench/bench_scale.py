@@ -260,7 +260,8 @@ def fork_reference(n, args):
 
 
 def run(n, args, per_job=1):
-    """Every chosen measure at ``n`` workers; prints one block."""
+    """Every chosen measure at ``n`` workers; prints one block; returns the seconds from
+    ``Pool(n)`` to all workers up (None if they did not come up)."""
     only = set(args.only)
     base_fds, base_threads, base_rss = master_usage()
     cpu_before = psutil.Process().cpu_times()
@@ -275,7 +276,7 @@ def run(n, args, per_job=1):
         except TimeoutError as exc:
             print(f"\n== {n} workers, backend {args.backend}, workers_per_job {per_job}: {exc} "
                   f"(load average {os.getloadavg()[0]:.1f})")
-            return
+            return None
         cpu_after = psutil.Process().cpu_times()
         start_cpu = (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system)
         fds, threads, rss = master_usage()
@@ -337,6 +338,7 @@ def run(n, args, per_job=1):
     finally:
         pool.terminate()
         pool.join()
+    return up
 
 
 def main():
@@ -357,9 +359,12 @@ def main():
     logging.basicConfig(level=logging.ERROR)  # the kills' warnings are expected
     sys.stdout.reconfigure(line_buffering=True)
     fiberrl.init(backend=args.backend)
-    for n in args.workers:
-        for per_job in args.per_job:
-            run(n, args, per_job)
+    for per_job in args.per_job:
+        ups = [(n, run(n, args, per_job)) for n in args.workers]
+        steps = [f"{a} -> {b}: {tb / ta:.2f}x the time for {b / a:.2f}x the workers"
+                 for (a, ta), (b, tb) in zip(ups, ups[1:]) if ta and tb]
+        if steps:
+            print(f"\nstart-up (workers_per_job {per_job}): " + "; ".join(steps))
 
 
 if __name__ == "__main__":
