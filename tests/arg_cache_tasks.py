@@ -83,3 +83,13 @@ def receipt_on_host(array, pause=0.0):
     """:func:`receipt` and this worker's host name."""
     import socket
     return (*receipt(array, pause), socket.gethostname())
+
+
+def read_or_write(array, write):
+    """The sum of ``array`` as it arrived, and this worker's task mappings (made, lent
+    again); with ``write``, changes ``array`` in place afterwards (its own copy)."""
+    from fiberrl.pool.segments import ARG_MAPPINGS
+    result = float(array.astype(np.float64).sum())
+    if write:
+        array[::4096] += 1   # a few pages
+    return result, os.getpid(), dict(ARG_MAPPINGS)

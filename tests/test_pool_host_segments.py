@@ -155,3 +155,20 @@ def test_relays_killed_mid_broadcast_lose_nothing(make_pool, tmp_path):
     assert [r[0] for r in results] == [array.sum()] * 80
     assert pool.stats().worker_deaths == len(victims)
     assert up(pool, 4) and pool.stats().cached_args == 0
+
+
+def test_a_mapping_is_lent_again_only_if_no_task_wrote_it(make_pool):
+    """A task that only reads its large argument leaves its mapping to the next (pages
+    mapped already); one that writes (any page) does not: the next task still gets the
+    argument as it was sent."""
+    from arg_cache_tasks import read_or_write
+    pool = up(make_pool(1), 1)
+    array = np.arange(2 * MIB // 8, dtype=np.float64)
+    writes = [False, False, False, True, False, True, True, False, False]
+    results = pool.starmap(read_or_write, [(array, w) for w in writes] * 3, chunksize=1)
+    assert [r[0] for r in results] == [array.sum()] * len(results)
+    made, reused = results[-1][2]["made"], results[-1][2]["reused"]
+    assert made + reused == len(results)
+    # a task after a reading task reuses its mapping; after a writing one it cannot
+    after_reads = sum(1 for i in range(1, len(results)) if not (writes * 3)[i - 1])
+    assert reused >= after_reads - 2 and reused <= after_reads, (made, reused, after_reads)

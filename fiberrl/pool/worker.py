@@ -301,14 +301,15 @@ class Worker:
 
     def _resolve(self, frames: List[Any]) -> List[Any]:
         """The task's frames with cached entries as private, writable copies (a segment:
-        a copy-on-write mapping; bytes: a copy)."""
+        a copy-on-write mapping, the previous task's again if it wrote nothing and kept
+        nothing of it; bytes: a copy)."""
         if len(frames) == 1 or all(type(frame) is not int for frame in frames[1:]):
             return frames
         cache, resolved = self.cache, [frames[0]]
         for frame in frames[1:]:
             if type(frame) is int:
                 data = cache[frame]
-                frame = (data.private_view() if isinstance(data, Segment)
+                frame = (data.lend() if isinstance(data, Segment)
                          else memoryview(bytearray(data)))
             resolved.append(frame)
         return resolved
