@@ -157,6 +157,7 @@ class _Server:
         os.set_blocking(self.wake_w, False)
         self.limits, self.high = _room_for_pipes()
         self.top = -1   # the highest output pipe ever kept at or above self.high
+        self.unlifted: Set[int] = set()   # output pipes kept below it (lifting failed)
 
     def serve(self) -> None:
         """Run until the parent stopped sending requests and every job has been reaped."""
@@ -244,10 +245,12 @@ class _Server:
         job closes all of them in one call (not one by one: each fork would cost a
         close per job running, and a pool's start-up would grow with its square)."""
         if self.high is None:
+            self.unlifted.add(fd)
             return fd
         try:
             lifted = fcntl.fcntl(fd, fcntl.F_DUPFD, self.high)
         except OSError:
+            self.unlifted.add(fd)
             return fd
         os.close(fd)
         self.top = max(self.top, lifted)
@@ -279,6 +282,7 @@ class _Server:
     def _pipe_closed(self, fd: int, pid: int) -> None:
         self.poller.unregister(fd)
         os.close(fd)
+        self.unlifted.discard(fd)
         del self.pipes[fd]
         left = self.job_pipes[pid]
         left.remove(fd)
@@ -364,9 +368,8 @@ class _Server:
                 self.control.close()
             if self.high is not None and self.top >= self.high:   # its siblings' output
                 os.closerange(self.high, self.top + 1)
-            for fd in self.pipes:   # (those the server could not lift)
-                if self.high is None or fd < self.high:
-                    os.close(fd)
+            for fd in self.unlifted & self.pipes.keys():   # (those it could not lift)
+                os.close(fd)
             if self.limits is not None:   # the user's limit, not the server's
                 resource.setrlimit(resource.RLIMIT_NOFILE, self.limits)
             signal.set_wakeup_fd(-1)
@@ -392,18 +395,19 @@ class _Server:
 
 
 def _room_for_pipes() -> Tuple[Optional[Tuple[int, int]], Optional[int]]:
-    """Raise the server's open-file limit to the hard one (it keeps two pipes per job),
-    keeping the numbers from the old soft limit on for those pipes: ``(the limits to
-    give back to jobs, the first pipe number)``, or ``(None, None)`` if the limit
-    cannot be raised."""
+    """Where the server keeps its jobs' output pipes: ``(the open-file limits to give back
+    to jobs, or None if unchanged; the first pipe number, or None to keep them where
+    they are)``. Raises the server's soft limit to the hard one where it can (it keeps
+    two pipes per job) and keeps the pipes from the old soft limit on; where the limits
+    are one, keeps them in the upper half."""
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if hard != resource.RLIM_INFINITY and hard <= soft + 64:
-            return None, None
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        if hard == resource.RLIM_INFINITY or hard > soft + 64:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            return (soft, hard), soft
     except (OSError, ValueError):
         return None, None
-    return (soft, hard), soft
+    return None, (soft // 2 if soft >= 512 else None)
 
 
 def _load_prctl() -> Optional[Callable[..., int]]:
