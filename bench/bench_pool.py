@@ -11,7 +11,10 @@ in the direction of the ratio) and whether it is met. A library that fails a mea
 shows ``error`` in its cell and the error under the measure's rows; the run goes on.
 
 Measures: noop_chunk1, noop_default, sleep_overhead, apply_latency, cold_start,
+cold_interpreter (a fresh interpreter: import, Pool(4), first result),
 es_loop (2 workers: the same 100k-float32 vector in all 64 tasks of an iteration),
+es_broadcast (the same with a 10M-float32 vector, 40 MB, new every iteration, and tasks of
+~20 ms: its ratio to the ideal),
 recovery (fiberrl only: a task's re-run after its worker is SIGKILLed, with
 the pool's other worker idle, then busy), idle_worker_memory (spawn and fiberrl).
 Pools are warmed up with one small map, except for cold_start. BLAS threads are
@@ -250,6 +253,44 @@ def m_cold_start(lib, quick):
     return {"first": statistics.median(samples) * 1e3}
 
 
+_COLD_SCRIPT = """
+import time
+started = time.perf_counter()
+import sys
+if sys.argv[1] == "fiberrl":
+    import fiberrl as ctx
+else:
+    import multiprocessing
+    ctx = multiprocessing.get_context(sys.argv[1])
+
+if __name__ == "__main__":
+    pool = ctx.Pool(4)
+    pool.apply(abs, (-1,))
+    print(time.perf_counter() - started)
+    pool.terminate()
+    pool.join()
+"""
+
+
+def m_cold_interpreter(lib, quick):
+    """A fresh interpreter's ``import``, ``Pool(4)`` and first ``apply`` result, timed
+    inside the script from its first line, median of 5 runs (ms)."""
+    import subprocess
+    name = "fiberrl" if lib is fiberrl else lib.get_start_method()
+    with tempfile.TemporaryDirectory(prefix="bench_cold_") as tmp:
+        script = os.path.join(tmp, "cold.py")
+        with open(script, "w") as fh:
+            fh.write(_COLD_SCRIPT)
+        samples = []
+        for _ in range(3 if quick else 5):
+            out = subprocess.run([sys.executable, script, name], capture_output=True, text=True,
+                                 timeout=WAIT_S, cwd=tmp)
+            if out.returncode != 0:
+                raise RuntimeError(out.stderr[-500:])
+            samples.append(float(out.stdout.split()[-1]))
+    return {"first": statistics.median(samples) * 1e3}
+
+
 def es_update(params, seeds, scores):
     """One ES step from the members' scores (noise regenerated from the seeds)."""
     weights = (scores - scores.mean()) / (scores.std() + 1e-8)
@@ -299,6 +340,83 @@ def m_es_loop(lib, quick, reps, task_s):
     ideal_map_s = ES_POP * task_s / 2  # the serial median task time, spread over 2 workers
     return {"its": iterations / elapsed, "maps": iterations / mapping, "update": update_s * 1e3,
             "ideal": 1 / (update_s + ideal_map_s), "map_ideal": ideal_map_s / (mapping / iterations)}
+
+
+BIG_DIM, BIG_TASK_S = 10_000_000, 0.020   # issue 32: a 40 MB vector, 20 ms tasks
+
+
+_WORK = np.ones(100_000, np.float32)
+
+
+def es_big_eval(params, seed, reps):
+    """An ES member's fitness that reads the whole (large) ``params`` once, then ``reps``
+    dot products of a 100k-float array of its own set its cost (whatever ``params``'s
+    size: the control below passes a small one)."""
+    score = float(params @ params) * 1e-9 + seed
+    for _ in range(reps):
+        score += float(_WORK @ _WORK) * 1e-12
+    return score
+
+
+def es_big_setup(quick):
+    """Calibrate es_big_eval's ``reps`` to ~20 ms serially here; returns (kwargs, note)."""
+    params = np.ones(BIG_DIM, np.float32)
+
+    def per_task(reps, stat=min):
+        samples = []
+        for seed in range(9):
+            started = time.perf_counter()
+            es_big_eval(params, seed, reps)
+            samples.append(time.perf_counter() - started)
+        return stat(samples)
+
+    base = per_task(0)
+    per_rep = max((per_task(400) - base) / 400, 1e-7)
+    reps = max(0, round((BIG_TASK_S - base) / per_rep))
+    best, median = per_task(reps), per_task(reps, statistics.median)
+    return {"reps": reps, "task_s": median}, (
+        f"es_broadcast task measured serially: min {best * 1e3:.1f} ms, median "
+        f"{median * 1e3:.1f} ms (reps={reps}; reading the vector alone {base * 1e3:.1f} ms)")
+
+
+def m_es_broadcast(lib, quick, reps, task_s):
+    """ES loop with a 40 MB vector new every iteration: 64 tasks of ~20 ms, 2 workers
+    (seconds per iteration, and its ratio to the ideal: the caller's update plus the
+    tasks' serial time spread over the workers). The serial task time is measured again
+    just before each loop, so that the ideal follows the machine's load."""
+    iterations = 3 if quick else 5
+    params = np.ones(BIG_DIM, np.float32)
+    serial = []
+    for seed in range(5):
+        started = time.perf_counter()
+        es_big_eval(params, seed, reps)
+        serial.append(time.perf_counter() - started)
+    task_s = statistics.median(serial)
+    mapping = 0.0
+    with open_pool(lib, 2) as pool:
+        started = time.perf_counter()
+        for it in range(iterations):
+            tasks = [(params, it * ES_POP + k, reps) for k in range(ES_POP)]
+            map_started = time.perf_counter()
+            scores = pool.starmap_async(es_big_eval, tasks).get(timeout=WAIT_S)
+            mapping += time.perf_counter() - map_started
+            params = params * np.float32(0.999) + np.float32(1e-6 * statistics.fmean(scores))
+        elapsed = time.perf_counter() - started
+        # the control: the same maps with a vector of 1,000 floats (nothing to broadcast),
+        # right after, on the same pool: how close to the ideal this machine lets any map
+        # come now (the other users' load takes its share of the two workers' cores)
+        small = np.ones(1000, np.float32)
+        control = time.perf_counter()
+        for it in range(iterations):
+            pool.starmap_async(es_big_eval, [(small, it * ES_POP + k, reps)
+                                             for k in range(ES_POP)]).get(timeout=WAIT_S)
+        control = (time.perf_counter() - control) / iterations
+    per_it = elapsed / iterations
+    update_s = (elapsed - mapping) / iterations
+    ideal = update_s + ES_POP * task_s / 2
+    return {"s_it": per_it, "map_s": mapping / iterations, "update": update_s * 1e3,
+            "task": task_s * 1e3, "ideal": ideal, "x_ideal": per_it / ideal,
+            "control": control, "x_control": (mapping / iterations) / control}
 
 
 def wait_idle(pool, timeout=WAIT_S):
@@ -414,6 +532,9 @@ MEASURES = [
         Row("p90", "apply round trip p90, 2 w", "us")]),
     Measure("cold_start", m_cold_start, [
         Row("first", "Pool(4) to first apply result", "ms", Target("<=", 1, ("spawn",)))]),
+    Measure("cold_interpreter", m_cold_interpreter, [
+        Row("first", "fresh python: Pool(4) 1st result", "ms", Target("<=", 1, ("spawn",)))],
+        rounds=3),   # issue 32
     Measure("es_loop", m_es_loop, [
         Row("its", "ES loop 64x100k, 2 w", "iter/s", Target(">=", 1.8, ("fork",))),
         Row("maps", "  its map alone (no update)", "maps/s", Target(">=", 1.8, ("fork",))),
@@ -421,6 +542,16 @@ MEASURES = [
         Row("ideal", "  ideal loop: update + 64 t/2 w", "iter/s"),
         Row("map_ideal", "  map: ideal time / measured", "x")],
         setup=es_setup, libs=("fork", "spawn", "fiberrl", "ray"), rounds=3),
+    Measure("es_broadcast", m_es_broadcast, [
+        Row("s_it", "ES loop 64x40 MB new each it, 2w", "s/iter"),
+        Row("map_s", "  its map alone", "s"),
+        Row("update", "  its update, in the caller", "ms"),
+        Row("task", "  one task, serially, before", "ms"),
+        Row("ideal", "  ideal: update + 64 t/2 w", "s/iter"),
+        Row("x_ideal", "  measured / ideal", "x", Target("<=", 1.3, ())),   # issue 32
+        Row("control", "  the map with a 4 KB vector", "s"),
+        Row("x_control", "  map / that map (broadcast cost)", "x")],
+        setup=es_big_setup, rounds=3),
     Measure("recovery", m_recovery, [
         Row(f"{case}_{stat}", f"kill to re-run {stat}, other {case}", "ms",
             Target("<", 1000, ())) for case in ("idle", "busy") for stat in ("p50", "max")],

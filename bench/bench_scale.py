@@ -1,7 +1,7 @@
 """What a pool's master costs per worker, and how it behaves at 64-1,024 workers (issue 23).
 
     python bench/bench_scale.py [--workers 64 256] [--backend local|slurm] [--cpu 1]
-                                [--only startup idle noop sleep kill node] [--fork-reference]
+                                [--only idle noop sleep kill node es broadcast] [--fork-reference]
                                 [--per-job 1 16]
 
 For each pool size: the time from ``Pool(n)`` to every worker connected; the master's
@@ -13,7 +13,9 @@ RSS/USS; no-op ``map`` tasks/s (chunksize 1 and default); Fiber's overhead test
 SIGKILL of 10% of the workers at once mid-map (every result back? extra seconds over
 the same map without kills; seconds until the pool is whole again); rl's ES with a
 population of 1,024 (seconds per generation, split into the pool's map and the learner,
-and the task time per worker); with ``--backend
+and the task time per worker); ``broadcast``: the bytes that leave the master per map of
+a new 40 MiB vector shared by all its tasks, counted in copies of the vector (one per
+host, or none on this host's workers, since issue 32; one per worker before); with ``--backend
 slurm`` and ``node``, one node of the ``multi`` cluster lost (its slurmd and every
 process in its namespace): seconds until its tasks ran again elsewhere.
 
@@ -210,6 +212,30 @@ def lose_node(pool, n, conf, d=0.5, per_worker=6):
     return node, done - killed, done - started, pool.stats().worker_deaths, hosts, delays
 
 
+def vector_norm(vector, seed):
+    """A task that reads a large shared vector once (ES-shaped)."""
+    import numpy
+    return float(numpy.dot(vector, vector)) + seed
+
+
+def broadcast_copies(pool, n, mib=40, per_worker=4, rounds=3):
+    """Bytes that leave this process per broadcast of a new ``mib`` MiB vector to
+    ``per_worker * n`` tasks, in copies of the vector (median of ``rounds``), and the
+    hosts the workers run on."""
+    import numpy
+    import socket
+    copies = []
+    for r in range(rounds):
+        vector = numpy.full(mib * MIB // 4, float(r + 1), dtype=numpy.float32)
+        before = pool.stats().payload_bytes_sent
+        results = pool.starmap(vector_norm, [(vector, k) for k in range(per_worker * n)],
+                               chunksize=1)
+        assert results[0] == float(vector @ vector)
+        copies.append((pool.stats().payload_bytes_sent - before) / vector.nbytes)
+    hosts = {host for host, _ in pool.map(nap, [0.05] * (2 * n), chunksize=1)}
+    return statistics.median(copies), hosts, socket.gethostname() in hosts
+
+
 def es_generations(pool, n, generations=3):
     """rl's ES, population 1,024 on CartPole (50-step episodes, 2 per task: 512 tasks):
     median seconds per generation, in the pool's map, and of worker time per worker."""
@@ -234,9 +260,11 @@ def fork_reference(n, args):
 
 
 def run(n, args, per_job=1):
-    """Every chosen measure at ``n`` workers; prints one block."""
+    """Every chosen measure at ``n`` workers; prints one block; returns the seconds from
+    ``Pool(n)`` to all workers up (None if they did not come up)."""
     only = set(args.only)
     base_fds, base_threads, base_rss = master_usage()
+    cpu_before = psutil.Process().cpu_times()
     started = time.monotonic()
     hints = {"cpu": args.cpu} if args.cpu else {}
     if per_job > 1:
@@ -248,7 +276,9 @@ def run(n, args, per_job=1):
         except TimeoutError as exc:
             print(f"\n== {n} workers, backend {args.backend}, workers_per_job {per_job}: {exc} "
                   f"(load average {os.getloadavg()[0]:.1f})")
-            return
+            return None
+        cpu_after = psutil.Process().cpu_times()
+        start_cpu = (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system)
         fds, threads, rss = master_usage()
         starting = fiberrl.config.get_config().extra.get("slurm_starting_per_job", "default")
         print(f"\n== {n} workers, backend {args.backend}, workers_per_job {per_job}, "
@@ -256,6 +286,8 @@ def run(n, args, per_job=1):
               f"{os.getloadavg()[0]:.1f}, 2-core machine shared with others)")
         print(f"  Pool({n}) to all workers up          {up:8.2f} s   "
               f"({(time.monotonic() - started):.2f} s with the constructor)")
+        print(f"  master CPU during the start-up       {start_cpu:8.2f} s   "
+              f"({start_cpu / n * 1e3:.1f} ms per worker)")
         print(f"  master fds                           {fds:8d}     (+{(fds - base_fds) / n:.2f} per worker)")
         print(f"  master threads                       {threads:8d}     (+{threads - base_threads})")
         print(f"  master RSS                           {rss:8.1f} MiB (+{(rss - base_rss) * 1024 / n:.0f} KiB per worker)")
@@ -290,6 +322,11 @@ def run(n, args, per_job=1):
             print(f"  ES population 1,024 (512 tasks), CartPole 50 steps: {gen:.2f} s/generation; "
                   f"{pool_s:.2f} s in the map, {gen - pool_s:.2f} s in the learner, "
                   f"{per_worker:.3f} s of task time per worker")
+        if "broadcast" in only:
+            copies, hosts, here = broadcast_copies(pool, n)
+            print(f"  broadcast of a new 40 MiB vector to {4 * n} tasks: {copies:.2f} copies "
+                  f"left this process (median of 3); workers on {len(hosts)} host(s)"
+                  f"{', this one among them' if here else ''}")
         if "node" in only and args.backend == "slurm":
             node, since, total, deaths, hosts, delays = lose_node(pool, n, os.environ["SLURM_CONF"])
             print(f"  node {node} lost mid-map: map done {since:.2f} s after the kill ({total:.2f} s in all), "
@@ -301,6 +338,7 @@ def run(n, args, per_job=1):
     finally:
         pool.terminate()
         pool.join()
+    return up
 
 
 def main():
@@ -310,7 +348,7 @@ def main():
     parser.add_argument("--backend", default="local", choices=["local", "slurm"])
     parser.add_argument("--cpu", type=float, default=None, help="CPUs each worker asks for")
     parser.add_argument("--only", nargs="+", default=["idle", "noop", "sleep", "kill", "node", "es"],
-                        choices=["idle", "noop", "sleep", "kill", "node", "es"])
+                        choices=["idle", "noop", "sleep", "kill", "node", "es", "broadcast"])
     parser.add_argument("--fork-reference", action="store_true",
                         help="run the stdlib fork pool's sleep test at the same sizes")
     parser.add_argument("--idle-s", type=float, default=5.0)
@@ -321,9 +359,12 @@ def main():
     logging.basicConfig(level=logging.ERROR)  # the kills' warnings are expected
     sys.stdout.reconfigure(line_buffering=True)
     fiberrl.init(backend=args.backend)
-    for n in args.workers:
-        for per_job in args.per_job:
-            run(n, args, per_job)
+    for per_job in args.per_job:
+        ups = [(n, run(n, args, per_job)) for n in args.workers]
+        steps = [f"{a} -> {b}: {tb / ta:.2f}x the time for {b / a:.2f}x the workers"
+                 for (a, ta), (b, tb) in zip(ups, ups[1:]) if ta and tb]
+        if steps:
+            print(f"\nstart-up (workers_per_job {per_job}): " + "; ".join(steps))
 
 
 if __name__ == "__main__":

@@ -8,10 +8,10 @@ Data flow::
 
 ``join``/``is_alive``/``exitcode`` combine the backend's view (authoritative: it sees
 OOM kills, signals, cancelled jobs) with the exit code the job reported itself.
-``sentinel`` is the read end of a pipe whose write end closes when the job ends: on
-backends that share this host the job inherits it (exact, like the stdlib); on the
-others the job watch (:mod:`fiberrl._runtime.liveness`) closes it when the backend
-reports the job finished.
+The job watch (:mod:`fiberrl._runtime.liveness`) tells the Popen when its job ended
+(:meth:`Popen._job_ended`). ``sentinel`` is the read end of a pipe whose write end is
+closed then; it is made the first time it is asked for, so that a job nobody waits on
+by descriptor (a pool's worker) costs this process no descriptor for it.
 """
 from __future__ import annotations
 
@@ -30,12 +30,11 @@ from multiprocessing import util as _mp_util
 from typing import Iterator, Optional
 
 from . import reduction
-from ._runtime.jobenv import (JOB_ENV, PARENT_ENV, SENTINEL_ENV, TOKEN_ENV, address_env,
-                              shipping_to, start_method)
+from ._runtime.jobenv import (JOB_ENV, PARENT_ENV, TOKEN_ENV, address_env, shipping_to,
+                              start_method)
 from ._runtime.liveness import job_watch
 from ._services.spawn import spawn_service
 from ._wire.auth import secret_env
-from ._wire.sockets import wait_for
 from .backends import JobSpec, JobState, default_backend
 from .backends.base import RUN_ENV, run_id
 from .config import INHERITED_ENV, get_config, is_explicit
@@ -122,7 +121,10 @@ class Popen:
         self._pid: Optional[int] = None
         self._said_hello = threading.Event()
         self._hello_host: Optional[str] = None
-        self._write_fd: Optional[int] = None
+        self._ended = threading.Event()      # the job watch saw the job end
+        self._sentinel: Optional[int] = None
+        self._sentinel_write: Optional[int] = None
+        self.finalizer = None
         self._lock = threading.Lock()
         cfg = get_config()
         backend = default_backend()
@@ -135,12 +137,9 @@ class Popen:
                 "start_method": (getattr(process_obj, "_fiberrl_start_method", None)
                                  or start_method()),
                 "main_path": _main_path()}
-        read_fd, write_fd = os.pipe()
         env = {PARENT_ENV: address_env(service.runtime.address), TOKEN_ENV: token,
                JOB_ENV: process_obj.name, RUN_ENV: run_id(),
                INHERITED_ENV: _inherited_config(cfg, backend), **secret_env()}
-        if backend.shares_host:
-            env[SENTINEL_ENV] = str(write_fd)
         resources = {"cpu": cfg.cpu, "mem": cfg.mem, "gpu": cfg.gpu,
                      **getattr(process_obj, "_resources", {})}
         from .resources import parse_mem
@@ -148,13 +147,10 @@ class Popen:
                        name=process_obj.name, cpu=resources.get("cpu"),
                        mem=parse_mem(resources.get("mem")), gpu=resources.get("gpu") or 0,
                        image=cfg.image, cwd=os.getcwd(),
-                       pass_fds=(write_fd,) if backend.shares_host else (),
                        extra={k: v for k, v in resources.items() if k not in ("cpu", "mem", "gpu")})
         service.add(token, self, prep, frames)
         self._token, self._service, self.backend = token, service, backend
-        self.spec, self.sentinel = spec, read_fd
-        self._write_fd: Optional[int] = write_fd
-        self.finalizer = _mp_util.Finalize(self, _close_fds, (read_fd,))
+        self.spec = spec
         job_watch().watch(token, self)
         batch = getattr(_batch, "popens", None)
         if batch is not None:
@@ -174,14 +170,13 @@ class Popen:
             raise
 
     def _launched(self, job) -> None:
-        """The backend accepted the job: hand over the sentinel and arm the start timeout."""
+        """The backend accepted the job: watch it and arm the start timeout."""
         if job.pid is not None:
             self._pid = job.pid
         if self._hello_host is not None:
             job.host = self._hello_host
         self.job = job
-        if self.backend.shares_host:
-            self._close_write_end()  # the job holds its own copy
+        job_watch().launched(self._token, job)
         self._arm_start_timeout(get_config().start_timeout)
 
     def _not_submitted(self, reason: str) -> None:
@@ -189,7 +184,7 @@ class Popen:
         self._service.pending.pop(self._token, None)
         with self._lock:
             self.returncode, self.reason = 1, reason
-        self._close_write_end()
+        self._job_ended()
 
     def _arm_start_timeout(self, seconds: float) -> None:
         token, service, ref = self._token, self._service, weakref.ref(self)
@@ -234,6 +229,29 @@ class Popen:
         return self._pid
 
     @property
+    def sentinel(self) -> int:
+        """A descriptor that becomes readable once the job has ended (the stdlib's
+        ``Popen.sentinel``), made on first use."""
+        with self._lock:
+            if self._sentinel is None:
+                read_fd, write_fd = os.pipe()
+                self._sentinel = read_fd
+                self.finalizer = _mp_util.Finalize(self, _close_fds, (read_fd,))
+                if self._ended.is_set():
+                    os.close(write_fd)
+                else:
+                    self._sentinel_write = write_fd
+            return self._sentinel
+
+    def _job_ended(self) -> None:
+        """The job has ended (the job watch says so): the sentinel fires, waits end."""
+        with self._lock:
+            self._ended.set()
+            fd, self._sentinel_write = self._sentinel_write, None
+        if fd is not None:
+            os.close(fd)
+
+    @property
     def known_pid(self) -> Optional[int]:
         """The job's pid if it is known yet (never waits, unlike :attr:`pid`)."""
         return self._pid
@@ -264,9 +282,14 @@ class Popen:
     def wait(self, timeout: Optional[float] = None) -> Optional[int]:
         """Wait for the job to end; return its exit code, or None on timeout."""
         if self.returncode is None:
-            if not wait_for(self.sentinel, timeout=timeout):
+            if self._service.runtime.reactor.in_loop():   # who would tell us? ask the backend
+                status = self.backend.wait(self.job, timeout=timeout)
+                if status is None:
+                    return None
+            elif not self._ended.wait(timeout):
                 return None
-            status = self.backend.wait(self.job, timeout=max(timeout or 0.0, 5.0))
+            else:
+                status = self.backend.wait(self.job, timeout=max(timeout or 0.0, 5.0))
             if status is not None:
                 self._finish(status)
         return self.returncode
@@ -282,18 +305,17 @@ class Popen:
             self.backend.terminate(self.job, force=True)
 
     def close(self) -> None:
-        """Release the sentinel."""
+        """Release the sentinel (if one was made)."""
         if self.finalizer is not None:
             self.finalizer()
+        with self._lock:
+            fd, self._sentinel_write = self._sentinel_write, None
+        if fd is not None:
+            os.close(fd)
 
     def logs(self, tail: int = 50) -> str:
         """The tail of the job's output."""
         return self.backend.logs(self.job, tail) if self.job is not None else ""
-
-    def _close_write_end(self) -> None:
-        fd, self._write_fd = self._write_fd, None
-        if fd is not None:
-            os.close(fd)
 
 
 _batch = threading.local()

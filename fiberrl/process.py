@@ -8,6 +8,7 @@ backend for a job.
 """
 from __future__ import annotations
 
+import os
 from multiprocessing import process as _mp_process
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional
 
@@ -58,6 +59,34 @@ class Process(_mp_process.BaseProcess):
             if bytes(config["authkey"]) == run_secret():
                 state["_config"] = {k: v for k, v in config.items() if k != "authkey"}
         return state
+
+    def start(self) -> None:
+        """Start the process as a job (the stdlib's ``start()``; its :attr:`sentinel`,
+        a descriptor, is made only when first asked for: a pool of thousands of workers
+        holds none)."""
+        self._check_closed()
+        assert self._popen is None, "cannot start a process twice"
+        assert self._parent_pid == os.getpid(), \
+            "can only start a process object created by current process"
+        assert not _mp_process._current_process._config.get("daemon"), \
+            "daemonic processes are not allowed to have children"
+        _mp_process._cleanup()
+        self._popen = self._Popen(self)
+        # as the stdlib: no reference cycle through a target that refers to its process
+        del self._target, self._args, self._kwargs
+        _mp_process._children.add(self)
+
+    @property
+    def _sentinel(self) -> int:
+        """What the stdlib's ``sentinel`` property returns: the job's, made on first use."""
+        popen = self._popen
+        if popen is None:
+            raise AttributeError("_sentinel")   # the stdlib then says "process not started"
+        return popen.sentinel
+
+    @_sentinel.deleter
+    def _sentinel(self) -> None:
+        pass   # close() drops it with the Popen, which closes it
 
     @staticmethod
     def _Popen(process_obj: "Process"):

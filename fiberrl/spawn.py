@@ -5,14 +5,16 @@ SIGINT stays blocked from the job's start until step 5 is about to run the targe
 
 1. read the parent's runtime address, the one-time token and the run's secret from
    the environment (and take the last two out of it);
-2. say hello to the parent's "spawn" service and receive the payload (authenticated);
+2. open the watch stream to the parent (:class:`fiberrl._runtime.liveness.ParentWatch`),
+   say hello on it and receive the payload (authenticated); from then on heartbeats
+   go up it, and if the parent is gone for ``parent_grace`` seconds the parent
+   sentinel fires and the job exits ``parent_grace`` seconds later;
 3. restore ``sys.path`` and the working directory, unpickle the process object;
-4. open the watch stream to the parent (:class:`fiberrl._runtime.liveness.ParentWatch`):
-   heartbeats go up it, and if the parent is gone for ``parent_grace`` seconds the
-   parent sentinel fires and the job exits ``parent_grace`` seconds later;
+4. start the watch;
 5. run the process through the stdlib's ``BaseProcess._bootstrap`` (same exit codes,
-   same traceback printing), report the exit code, deliver what it still owes (queue
-   items, pipe ends' end of file), stop this process's runtime, exit with the code.
+   same traceback printing), report the exit code on the watch stream, deliver what
+   it still owes (queue items, pipe ends' end of file), stop this process's runtime,
+   exit with the code.
 """
 from __future__ import annotations
 
@@ -25,9 +27,8 @@ from multiprocessing import process as _mp_process
 
 from . import log, reduction
 from ._runtime import interrupts, jobenv
-from ._runtime.jobenv import JOB_ENV, SENTINEL_ENV, STARTED_ENV, TOKEN_ENV, parent_address
+from ._runtime.jobenv import JOB_ENV, STARTED_ENV, TOKEN_ENV, parent_address
 from ._runtime.liveness import ParentWatch, start_parent_watch
-from ._runtime.rpc import client_for
 from ._wire.auth import SECRET_ENV, run_secret
 from ._wire.sockets import local_hostname
 from .config import get_config
@@ -113,14 +114,13 @@ def main() -> int:
     jobenv.set_job_token(token)
     for name in (TOKEN_ENV, SECRET_ENV):
         os.environ.pop(name, None)  # not inherited by grandchildren's user code
-    inherited_sentinel = os.environ.pop(SENTINEL_ENV, None)
     started_fd = os.environ.pop(STARTED_ENV, None)
     cfg = get_config()
     log.configure_worker(cfg.log_level, os.environ.get(JOB_ENV, "job"))
 
-    client = client_for(address)
-    (prep,), body = client.call("spawn", "hello", token, os.getpid(), local_hostname(),
-                                timeout=cfg.start_timeout)
+    parent_r, parent_w = os.pipe()
+    watch = ParentWatch(address, token, cfg.parent_grace, cfg.heartbeat_interval, parent_w)
+    prep, body = watch.hello(os.getpid(), local_hostname(), timeout=cfg.start_timeout)
     log.get_logger().setLevel(prep["log_level"])  # the parent's, see popen._job_log_level
     jobenv.set_start_method(prep["start_method"])  # as the stdlib's child
     for entry in reversed(prep["sys_path"]):
@@ -135,8 +135,6 @@ def main() -> int:
     if "authkey" not in process_obj._config:  # it travelled in the environment instead
         process_obj._config["authkey"] = _mp_process.AuthenticationString(secret)
 
-    parent_r, parent_w = os.pipe()
-    watch = ParentWatch(address, token, cfg.parent_grace, cfg.heartbeat_interval, parent_w)
     start_parent_watch(watch)
     if started_fd is not None:
         _tell_started(int(started_fd))
@@ -146,19 +144,11 @@ def main() -> int:
     else:  # Ctrl-C during start-up: the whole run is being interrupted
         logger.debug("interrupted while starting; not running %s", process_obj.name)
         exitcode = interrupts.INTERRUPTED_EXIT
-    try:
-        client.cast("spawn", "exit", token, exitcode)
-    except OSError:
-        pass  # the parent is gone; the backend reports the exit code instead
+    watch.report_exit(exitcode)   # if the parent is gone, the backend reports it instead
     _finish_shared_objects()
     watch.stop()
     from ._runtime import runtime
     runtime.stop()
-    if inherited_sentinel is not None:
-        try:
-            os.close(int(inherited_sentinel))
-        except OSError:
-            pass
     return exitcode
 
 

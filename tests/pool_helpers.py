@@ -121,6 +121,11 @@ def square(x):
     return x * x
 
 
+def type_and_value(x):
+    """``(type name, x)``: what a map's function received."""
+    return type(x).__name__, x
+
+
 def identity(x):
     return x
 

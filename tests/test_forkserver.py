@@ -167,6 +167,94 @@ def test_a_job_whose_server_died_is_killed_and_reported(server):
     assert after.exitcode == 5
 
 
+def _pipes(pid="self"):
+    """{fd: pipe inode} of a process."""
+    found = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("pipe:"):
+            found[int(fd)] = link
+    return found
+
+
+def _descriptors(queue):
+    import resource
+    queue.put((_pipes(), resource.getrlimit(resource.RLIMIT_NOFILE)))
+
+
+def test_a_forked_job_holds_none_of_its_siblings_output_pipes(server):
+    """The server keeps two output pipes per job; a job closes its siblings' (all at
+    once) and gets the open-file limit its parent has, not the server's."""
+    import resource
+    sleepers = [fiberrl.Process(target=time.sleep, args=(60,)) for _ in range(6)]
+    for proc in sleepers:
+        proc.start()
+    try:
+        queue = fiberrl.Queue()
+        probe = fiberrl.Process(target=_descriptors, args=(queue,))
+        probe.start()
+        assert _forked(probe)
+        pipes, limits = queue.get(timeout=30)
+        kept_by_server = set(_pipes(server.process.pid).values())
+        shared = {fd for fd, inode in pipes.items() if inode in kept_by_server}
+        assert shared == {1, 2}, pipes   # its own stdout and stderr, no sibling's
+        assert limits == resource.getrlimit(resource.RLIMIT_NOFILE)
+        probe.join(30)
+    finally:
+        for proc in sleepers:
+            proc.kill()
+            proc.join(10)
+
+
+_LOW_SOFT_LIMIT = textwrap.dedent("""
+    import os, resource, sys, time
+    sys.path.insert(0, sys.argv[1])
+    import fiberrl
+    from fiberrl.backends.local.forkserver_client import running_servers
+    import test_forkserver as t
+    if __name__ == "__main__":
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard // 2), hard))
+        while not any(s.ready() for s in running_servers()):
+            p = fiberrl.Process(target=t._noop); p.start(); p.join(); time.sleep(0.05)
+        sleepers = [fiberrl.Process(target=time.sleep, args=(60,)) for _ in range(6)]
+        for p in sleepers:
+            p.start()
+        queue = fiberrl.Queue()
+        probe = fiberrl.Process(target=t._descriptors, args=(queue,))
+        probe.start()
+        pipes, limits = queue.get(timeout=30)
+        server = running_servers()[0]
+        kept = set(t._pipes(server.process.pid).values())
+        print("SHARED", sorted(fd for fd, inode in pipes.items() if inode in kept))
+        print("LIMITS", limits == resource.getrlimit(resource.RLIMIT_NOFILE))
+        print("LIFTED", max(t._pipes(server.process.pid)) >= min(256, hard // 2))
+        for p in sleepers:
+            p.kill(); p.join(10)
+        probe.join(10)
+""")
+
+
+def test_siblings_pipes_are_closed_at_once_where_the_server_could_raise_its_limit(tmp_path):
+    """With a soft open-file limit below the hard one, the server raises its own, keeps
+    its jobs' output pipes above the old soft limit, and a forked job closes them all
+    in one call and gets the old limit back."""
+    import resource
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 1024:
+        pytest.skip("the hard open-file limit is too low to test this")
+    script = tmp_path / "low_soft_limit.py"
+    script.write_text(_LOW_SOFT_LIMIT)
+    out = subprocess.run([sys.executable, str(script), os.path.dirname(__file__)],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "SHARED [1, 2]" in out.stdout, out.stdout
+    assert "LIMITS True" in out.stdout and "LIFTED True" in out.stdout, out.stdout
+
+
 def test_ps_names_forked_jobs_and_not_the_server(server):
     proc = fiberrl.Process(target=time.sleep, args=(60,), name="forked-napper")
     proc.start()

@@ -18,7 +18,7 @@ import fiberrl
 import pool_helpers
 from pool_helpers import (Boom, add, fail_on, mark_then_sleep, mark_then_wait,
                           power, process_gone, square, square_with_pid, touch,
-                          wait_until)
+                          type_and_value, wait_until)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -67,6 +67,17 @@ def test_apply_async_result_protocol(pool):
 def test_map_and_map_async(pool, chunksize):
     assert pool.map(square, range(50), chunksize) == SQUARES
     assert pool.map_async(square, range(50), chunksize).get(timeout=GET) == SQUARES
+
+
+@pytest.mark.parametrize("kind", [range, tuple, list])
+def test_map_cuts_ranges_tuples_and_lists_by_slicing(pool, kind):
+    """Chunks of these are slices (a range travels as a range): the function still sees
+    each item, of its own type, at its place."""
+    items = kind(range(1000)) if kind is not range else range(3, 3003, 3)
+    assert pool.map(type_and_value, items, 37) == [("int", i) for i in items]
+    assert pool.map(type_and_value, items) == [("int", i) for i in items]
+    pair = range(5, 7) if kind is range else kind([5, 6])   # short: in the header
+    assert pool.map(type_and_value, pair) == [("int", 5), ("int", 6)]
 
 
 def test_map_of_empty_and_of_a_generator(pool):

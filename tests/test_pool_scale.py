@@ -23,7 +23,7 @@ def test_pool_raises_a_low_soft_fd_limit_to_the_hard_one():
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         assert hard >= 1024, hard
         resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
-        with fiberrl.Pool(40) as pool:  # ~8 descriptors per worker: over 128
+        with fiberrl.Pool(40) as pool:  # 2 descriptors per worker and the margin: over 128
             assert pool.map(abs, range(-100, 0)) == list(range(100, 0, -1))
         print("LIMIT", resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard))
     """, timeout=300)
@@ -46,6 +46,43 @@ def test_pool_fails_at_once_when_the_hard_fd_limit_is_too_low():
     assert "ERROR a pool of 100 more workers needs about" in done.stdout, done.stdout
     assert "hard limit 200" in done.stdout
     assert float(done.stdout.split("SECONDS")[1]) < 5
+
+
+def test_the_master_holds_two_descriptors_per_worker(make_pool):
+    """A worker's pool stream and its job's watch stream, nothing else: its output comes
+    relayed by the fork server, its end in the server's reports, its hello on its watch
+    stream, and no sentinel is made unless asked for (issue 32)."""
+    from fiberrl.pool.limits import FDS_PER_WORKER, open_fds
+    assert FDS_PER_WORKER == 2
+    warm = make_pool(2)   # the runtime, the fork server and the output thread are up
+    assert wait_until(lambda: warm.stats().alive == 2, 120), warm.stats()
+    before = open_fds()
+    pool = make_pool(64)
+    assert wait_until(lambda: pool.stats().alive == 64, 600), pool.stats()
+    assert pool.map(abs, range(-640, 0)) == list(range(640, 0, -1))
+    held = open_fds() - before
+    assert held <= 2 * 64 + 8, f"{held} descriptors for 64 workers ({held / 64:.2f} each)"
+    processes = pool.workers()
+    assert all(p._popen._sentinel is None for p in processes)   # none made
+    from multiprocessing.connection import wait
+    sentinel = processes[0].sentinel                             # made when asked for
+    assert not wait([sentinel], 0.1)
+    processes[0].kill()
+    assert wait([sentinel], 10), "the sentinel made late did not fire at the job's end"
+
+
+def test_a_new_worker_costs_the_supervisor_no_pass_over_the_others(make_pool):
+    """Start-up linear in the pool's size (issue 32): the supervisor's loop, run for each
+    worker's hello, reads counts and sets kept as workers come and go; a pass over every
+    worker happens only on a timer (time limits, once a second) or on a shrink/close."""
+    started = time.monotonic()
+    pool = make_pool(48)
+    assert wait_until(lambda: pool.stats().alive == 48, 600), pool.stats()
+    elapsed = time.monotonic() - started
+    roster = pool._core.supervisor.roster
+    assert roster.scans <= 2 + 1.5 * elapsed, (roster.scans, elapsed)
+    assert roster.active == 48 and roster.starting == 0
+    assert pool.map(abs, range(-96, 0)) == list(range(96, 0, -1))
 
 
 def test_resize_checks_the_fd_budget_of_the_workers_it_adds(make_pool, monkeypatch):

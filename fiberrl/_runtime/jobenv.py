@@ -14,7 +14,6 @@ from typing import Iterator, Optional
 PARENT_ENV = "FIBERRL_PARENT"   # "host:port" of the parent's runtime
 TOKEN_ENV = "FIBERRL_TOKEN"
 JOB_ENV = "FIBERRL_JOB_NAME"
-SENTINEL_ENV = "FIBERRL_SENTINEL_FD"
 #: a descriptor the job writes one byte to, then closes, once it is connected to its
 #: parent (what started it may pace further starts on it: Slurm's warm host jobs)
 STARTED_ENV = "FIBERRL_STARTED_FD"

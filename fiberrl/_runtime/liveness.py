@@ -4,14 +4,21 @@ Every job holds a *watch stream* to its parent's runtime (label ``"watch:<token>
 and sends a heartbeat on it every ``heartbeat_interval`` seconds. That one stream
 answers every question:
 
-* **the parent, about its jobs** (:class:`JobWatch`): a job on this host closes its
-  sentinel pipe when it exits, which the I/O loop sees at once; a job elsewhere is
-  polled through its backend by one thread, at once when its watch stream ends and
-  otherwise every :data:`POLL_INTERVAL` seconds; a job that stops sending heartbeats
+* **the parent, about its jobs** (:class:`JobWatch`): a backend that hears of its
+  jobs' ends says so at once (the local fork server reports each exit; no descriptor
+  per job), a job on this host that no backend reports on is watched by its pid (a
+  ``pidfd`` on the I/O loop), and a job elsewhere is polled through its backend by one
+  thread, at once when its watch stream ends and otherwise every
+  :data:`POLL_INTERVAL` seconds; a job that stops sending heartbeats
   (stopped, hung in C code, its host cut off) is reported by :meth:`JobWatch.silence`.
   Whoever cares subscribes with :meth:`JobWatch.on_end` (queue brokers requeue what
   was in flight to the job, the pipe rendezvous drops its copies, a pool replaces a
   worker) instead of polling;
+* **the job's start and end**: the stream's first message is the job's hello
+  (``H``: its pid and host), answered with what it runs (``P``, handed out by whoever
+  :meth:`JobWatch.serve_jobs`: the spawn service; ``E`` with a reason when refused),
+  and its last one reports its exit code (``X``); so a job's one stream to its parent
+  is this one, whatever else it opens later;
 * **the job, about its parent** (:class:`ParentWatch`): the stream ending, or a
   heartbeat that cannot be written, means the parent may be gone; if no new stream
   can be opened for ``parent_grace`` seconds, ``parent_process().is_alive()`` turns
@@ -26,15 +33,17 @@ import collections
 import functools
 import logging
 import os
+import pickle
 import select
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .._wire.sockets import Address
 from .._wire.stream import open_stream
 from .link import Link
+from .rpc import pack_body, unpack_body
 from .runtime import Runtime, service
 
 logger = logging.getLogger(__name__)
@@ -42,18 +51,21 @@ logger = logging.getLogger(__name__)
 POLL_INTERVAL = 0.2
 REMEMBERED = 4096
 _HEARTBEAT = b"h"
+_HELLO, _PAYLOAD, _REFUSED, _EXIT = b"H", b"P", b"E", b"X"
+#: ``(token, pid, host) -> (prep, frames)``: what a job that said hello runs
+Greeter = Callable[[str, int, str], Tuple[Any, List[Any]]]
 
 
 class _Watched:
-    __slots__ = ("popen", "shares_host", "last_heard", "link", "ended", "sentinel")
+    __slots__ = ("popen", "polled", "last_heard", "link", "ended", "sentinel")
 
     def __init__(self, popen: Any) -> None:
         self.popen = weakref.ref(popen)
-        self.shares_host = popen.backend.shares_host
+        self.polled = not popen.backend.shares_host   # its backend is asked, by a thread
         self.last_heard: Optional[float] = None
         self.link: Optional[Link] = None
         self.ended = False
-        self.sentinel: Optional[int] = None
+        self.sentinel: Optional[int] = None   # a pidfd of the job's process, on the loop
 
 
 class JobWatch:
@@ -67,19 +79,44 @@ class JobWatch:
         self._lock = threading.Lock()
         self._poll_now = threading.Event()
         self._poller: Optional[threading.Thread] = None
+        self._greeter: Optional[Greeter] = None
+        self._on_exit: Optional[Callable[[str, int], Any]] = None
         rt.acceptor.route("watch", self._take)
+
+    def serve_jobs(self, greeter: Greeter, on_exit: Callable[[str, int], Any]) -> None:
+        """Answer jobs' hellos with ``greeter(token, pid, host)`` (raise ``LookupError``
+        to refuse one) and hear the exit codes they report with ``on_exit(token, code)``;
+        both run on the loop."""
+        self._greeter, self._on_exit = greeter, on_exit
 
     # -- any thread ------------------------------------------------------------------
     def watch(self, token: str, popen: Any) -> None:
-        """Watch the job started for ``token`` (its sentinel, or its backend)."""
+        """Watch the job to be started for ``token`` (its backend's view; on this host,
+        from :meth:`launched` on)."""
         entry = _Watched(popen)
         with self._lock:
             self.jobs[token] = entry
-        if entry.shares_host:
-            entry.sentinel = os.dup(popen.sentinel)
-            self.reactor.add_reader(entry.sentinel, functools.partial(self._sentinel, token))
-        else:
+        if entry.polled:
             self._ensure_poller()
+
+    def launched(self, token: str, job: Any) -> None:
+        """The backend started the job of ``token`` (on this host): learn of its end as
+        the backend reports it, or from its process."""
+        entry = self.jobs.get(token)
+        popen = entry.popen() if entry is not None else None
+        if popen is None or entry.polled:
+            return
+        check = functools.partial(self._sentinel, token)
+        if popen.backend.notify_end(job, lambda: self.reactor.call_soon(check)):
+            return
+        try:
+            entry.sentinel = os.pidfd_open(job.pid)
+        except (AttributeError, OSError, TypeError):   # no pidfd here: ask the backend
+            entry.polled = True
+            self._ensure_poller()
+            self._poll_now.set()
+            return
+        self.reactor.add_reader(entry.sentinel, check)
 
     def on_end(self, listener: Callable[[str], Any]) -> None:
         """Call ``listener(token)`` on the I/O loop when a watched job has ended."""
@@ -115,15 +152,34 @@ class JobWatch:
         return True
 
     def _heard(self, link: Link, kind: bytes, frames: list) -> None:
-        entry = self.jobs.get(link.data)
+        token = link.data
+        entry = self.jobs.get(token)
         if entry is not None:
             entry.last_heard = time.monotonic()
+        if kind == _HEARTBEAT:
+            return
+        if kind == _HELLO:
+            self._greet(link, token, frames)
+        elif kind == _EXIT and self._on_exit is not None:
+            self._on_exit(token, int(bytes(frames[0])))
+
+    def _greet(self, link: Link, token: str, frames: list) -> None:
+        try:
+            pid, host = pickle.loads(frames[0])
+            if self._greeter is None:
+                raise LookupError("this process starts no jobs")
+            prep, body = self._greeter(token, pid, host)
+        except Exception as exc:   # refused: the job reports it and exits
+            link.send(_REFUSED, [str(exc).encode()])
+            return
+        first, rest = pack_body(body)
+        link.send(_PAYLOAD, [pickle.dumps((prep, first), protocol=5), *rest])
 
     def _lost(self, link: Link, why: str) -> None:
         entry = self.jobs.get(link.data)
         if entry is not None and entry.link is link:
             entry.link = None
-            if not entry.shares_host:
+            if entry.polled:
                 self._poll_now.set()  # ask its backend now rather than at the next round
 
     # -- ends ------------------------------------------------------------------------
@@ -137,7 +193,7 @@ class JobWatch:
             entry.sentinel = None
         popen = entry.popen()
         if popen is not None and popen.poll() is None:
-            # the pipe closed as the job exits; the kernel has not reaped it yet
+            # it is exiting (its pidfd fired): the kernel has not reaped it yet
             delay = min(0.2, max(0.001, delay * 2))
             self.reactor.call_later(delay, lambda: self._sentinel(token, delay))
             return
@@ -148,6 +204,13 @@ class JobWatch:
         if entry is None or entry.ended:
             return
         entry.ended = True
+        if entry.sentinel is not None:
+            self.reactor.remove(entry.sentinel)
+            os.close(entry.sentinel)
+            entry.sentinel = None
+        popen = entry.popen()
+        if popen is not None:
+            popen._job_ended()
         if entry.link is not None:
             entry.link.close("the job ended")
         for listener in list(self._listeners):
@@ -175,7 +238,7 @@ class JobWatch:
             self._poll_now.wait(POLL_INTERVAL)
             self._poll_now.clear()
             with self._lock:
-                remote = [(t, e) for t, e in self.jobs.items() if not e.shares_host and not e.ended]
+                remote = [(t, e) for t, e in self.jobs.items() if e.polled and not e.ended]
             for token, entry in remote:
                 popen = entry.popen()
                 try:
@@ -184,8 +247,6 @@ class JobWatch:
                     logger.debug("status of job %s failed", token, exc_info=True)
                     continue
                 if finished:
-                    if popen is not None:
-                        popen._close_write_end()
                     self.reactor.call_soon(functools.partial(self._ended, token))
 
 
@@ -216,11 +277,34 @@ class ParentWatch:
         self._stream: Any = None
         self.thread = threading.Thread(target=self._run, name="fiberrl-parent-watch", daemon=True)
 
+    def hello(self, pid: int, host: str, timeout: float) -> Tuple[Any, List[Any]]:
+        """Open the stream and say hello on it: ``(prep, frames)``, what this job runs.
+        ``OSError`` (or ``TimeoutError``) if the parent cannot be reached, ``LookupError``
+        if it refuses the job."""
+        self._stream = stream = open_stream(self.address, self.label)
+        stream.send(_HELLO, [pickle.dumps((pid, host), protocol=5)])
+        got = stream.recv(timeout)
+        if got is None:
+            raise TimeoutError(f"no answer from the parent at {self.address[0]}:"
+                               f"{self.address[1]} to this job's hello within {timeout} s")
+        kind, frames = got
+        if kind == _REFUSED:
+            raise LookupError(bytes(frames[0]).decode(errors="replace"))
+        prep, first = pickle.loads(frames[0])
+        return prep, unpack_body(first, frames[1:])
+
     def start(self) -> None:
-        """Open the stream (synchronously, so the parent hears from the job at once) and
-        start watching."""
-        self._stream = self._open()
+        """Start watching (on the stream :meth:`hello` opened; a new one if it broke)."""
         self.thread.start()
+
+    def report_exit(self, code: int) -> None:
+        """Tell the parent this job's exit code (best effort: the backend knows it too)."""
+        stream = self._stream
+        if stream is not None:
+            try:
+                stream.send(_EXIT, [str(int(code)).encode()])
+            except OSError:
+                pass
 
     def set_interval(self, seconds: float) -> None:
         """Send heartbeats every ``seconds`` from the next one on."""

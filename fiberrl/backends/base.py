@@ -15,7 +15,7 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 
 #: every job of one run (a root process and all it starts) carries the run's id here
@@ -169,6 +169,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def logs(self, job: Job, tail: int = 50) -> str:
         """The last ``tail`` lines of the job's output, as far as the backend kept them."""
+
+    def notify_end(self, job: Job, callback: Callable[[], Any]) -> bool:
+        """Call ``callback()`` (from any thread) once ``job`` has ended, if this backend
+        hears of its jobs' ends as they happen; False if it does not (the default: the
+        job watch then watches the job's process on this host, or asks :meth:`status`)."""
+        return False
 
     def time_left(self, job: Job) -> Optional[float]:
         """Seconds until the backend stops ``job`` for its time limit (None: no limit)."""

@@ -42,6 +42,7 @@ from .._runtime.runtime import runtime
 from .._wire.stream import Channel
 from .links import WorkerLink
 from .pending import PendingTable
+from .broadcast import Broadcast
 from .rerun import Rerun
 from .shared import DEFAULT_ARG_CACHE_BYTES, BufferTable, SharedBuffer
 from .tasks import Task
@@ -90,6 +91,7 @@ class Dispatcher:
         self.payload_bytes_sent = 0
         self.cached_arg_sends = 0
         self.cached_arg_hits = 0
+        self.broadcast = Broadcast(self._send_message, self._make_hungry)
         self.closing = False
         self._stopped = False
         self.reactor = rt.reactor
@@ -246,6 +248,10 @@ class Dispatcher:
                 link.solo = False
                 link.idle_since = time.monotonic()
             self._make_hungry(link)
+        elif kind == "need":
+            self.payload_bytes_sent += self.broadcast.need(link, header[1])
+        elif kind == "have":
+            self.broadcast.have(link, header[1])
         elif kind == "bye":
             link.retiring = True
 
@@ -258,8 +264,9 @@ class Dispatcher:
         if kind == "init_failed":
             self.events.put(("init_failed", worker_id, header[3]))
             raise ConnectionError("initializer failed")
-        _, _, _, pid, host = header
-        link = WorkerLink(worker_id, data[0], pid, host, maxtasks, self.arg_cache_bytes)
+        _, _, _, pid, host, opened_probe = header
+        link = WorkerLink(worker_id, data[0], pid, host, maxtasks, self.arg_cache_bytes,
+                          *self.broadcast.roles(host, opened_probe))
         link.job_token = self.job_tokens.pop(worker_id, None)
         data[1] = link
         self.links[worker_id] = link
@@ -386,6 +393,8 @@ class Dispatcher:
             link = hungry.popleft()
             link.hungry = False
             free = self._free_credit(link, queue[0])
+            if free > 0 and self.broadcast.defer(link, queue[0]):
+                continue   # until its host's relay has the bytes
             if free <= 0:
                 if not link.dead and not link.retiring and queue[0].suspect:
                     self._make_hungry(link)  # may take a normal task once the suspect is placed
@@ -408,9 +417,10 @@ class Dispatcher:
                 rounds += 1
 
     def _send(self, link: WorkerLink, batch: List[Task]) -> None:
-        header, buffers, sends, hits = link.task_message(batch)
+        header, buffers, sends, hits, mapped = link.task_message(batch)
         self.cached_arg_sends += sends
         self.cached_arg_hits += hits
+        self.broadcast.maps += mapped
         self.pending.assign_all(batch, link.id)
         if link.quota_left is not None:
             link.quota_left -= len(batch)
@@ -461,7 +471,8 @@ class Dispatcher:
             link.dead = True
             self._unregister(link.channel)
             link.channel.close()
-            link.cache.close()
+            link.cache.close()   # (and it is no relay any more: those waiting go on)
+            self.broadcast.wake_deferred()
         requeue, exhausted = self.pending.worker_lost(worker_id, how)
         if requeue:
             logger.log(logging.WARNING if unexpected else logging.INFO,
@@ -488,6 +499,7 @@ class Dispatcher:
 
     def _tick(self) -> None:
         now = time.monotonic()
+        self.broadcast.wake_deferred()   # (a relay that never says "have" is not waited for)
         idle_release = self.idle_timeout is not None and not self.queue
         for link in list(self.links.values()):
             if link.dead:
@@ -549,6 +561,7 @@ class Dispatcher:
         for data in list(self._streams.values()):
             self._unregister(data[0])
             data[0].close()
+        self.broadcast.close()
         self.acceptor.unroute(self.label)
         self._done.set()
 

@@ -29,8 +29,8 @@ class IMapIterator(Call):
     """
 
     def __init__(self, pool_core: Any, func, ordered: bool, window: int, progress: Any = None,
-                 total_items: Optional[int] = None) -> None:
-        super().__init__(pool_core, func, None, None, progress, total_items)
+                 total_items: Optional[int] = None, chunksize: int = 1) -> None:
+        super().__init__(pool_core, func, None, None, progress, total_items, chunksize)
         self._ordered = ordered
         self._window = window
         self._cond = threading.Condition()

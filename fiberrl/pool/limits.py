@@ -1,8 +1,9 @@
 """The master's file-descriptor budget for a pool of many workers.
 
-Each worker costs the master about :data:`FDS_PER_WORKER` descriptors (measured on the
-local backend: the worker's pool socket and hub connection, its job's log pipes and
-process handles; cluster backends need fewer). A soft ``RLIMIT_NOFILE`` of 1,024, the
+Each worker costs the master :data:`FDS_PER_WORKER` descriptors: its pool stream and
+its job's watch stream (a job's output and end come through its fork server's one
+socket on the local backend, through the backend elsewhere; its sentinel is made only
+if asked for). A soft ``RLIMIT_NOFILE`` of 1,024, the
 usual default, would stop a pool near 120 workers with ``EMFILE`` deep inside some
 thread; instead :func:`ensure_fd_room` raises the soft limit up to the hard one at
 ``Pool()`` (and ``resize()``), or fails there with how many descriptors are needed.
@@ -14,8 +15,9 @@ import os
 
 logger = logging.getLogger(__name__)
 
-#: descriptors the master holds per worker (measured: 8 on the local backend)
-FDS_PER_WORKER = 8
+#: descriptors the master holds per worker (measured: 2.0 at 256 local workers; 8 before
+#: issue 32)
+FDS_PER_WORKER = 2
 #: descriptors kept free for everything else the program opens
 MARGIN = 64
 

@@ -68,6 +68,9 @@ class PoolStats:
     cached_arg_sends: int = 0    #: large arguments sent into a worker's cache
     cached_arg_hits: int = 0     #: large task arguments a worker's cache served instead
     cached_args: int = 0         #: shared large arguments the pool holds now (used by a task)
+    shared_arg_maps: int = 0     #: large arguments a worker mapped from its host's memory
+    #: (this process's, or another worker's there) instead of receiving their bytes
+    #: (counted in ``cached_arg_sends`` too)
 
 
 def _check_callable(func: Any) -> None:
@@ -153,8 +156,8 @@ class Pool:
       cluster (default None: workers stay); released workers start again when work
       arrives;
     - ``arg_cache_bytes``: bytes of large arguments each worker may keep so that an
-      argument shared by many tasks crosses the wire once per worker (default 256 MiB;
-      see :mod:`fiberrl.pool.shared`);
+      argument shared by many tasks is sent once per worker at most, and from 1 MiB
+      once per host (default 256 MiB; see :mod:`fiberrl.pool.shared`);
     - ``cpu``, ``mem``, ``gpu`` and backend hints such as ``time_limit`` or
       ``partition`` (see :mod:`fiberrl.resources`): what each worker's job asks for.
 
@@ -203,9 +206,9 @@ class Pool:
                    "heartbeat_interval": min(cfg.heartbeat_interval, timeout / 4),
                    "error_handling": error_retries > 0,
                    "resources": resources.validate(cpu, mem, gpu, **hints)}
-        ensure_fd_room(processes)  # a clear error here, not EMFILE in a thread later
         self._processes = processes
         self._window = 4 * processes + 32
+        ensure_fd_room(processes)  # a clear error here, not EMFILE in a thread later
         if not isinstance(arg_cache_bytes, int) or arg_cache_bytes < 0:
             raise ValueError(f"arg_cache_bytes must be a non-negative int, got {arg_cache_bytes!r}")
         self._core = _PoolCore(processes, options, retries, timeout, idle_timeout, error_retries)
@@ -386,9 +389,8 @@ class Pool:
         dispatcher, supervisor = core.dispatcher, core.supervisor
         links = list(dispatcher.links.values())
         alive = [link for link in links if not link.dead]
-        records = list(supervisor.records.values())
         return PoolStats(target=self._processes, alive=len(alive),
-                         starting=sum(1 for r in records if not r.hello),
+                         starting=supervisor.roster.starting,
                          idle=sum(1 for link in alive if dispatcher.pending.held_by(link.id) == 0),
                          queued=len(dispatcher.queue), pending=len(dispatcher.pending),
                          completed=dispatcher.completed, worker_deaths=supervisor.worker_deaths,
@@ -398,7 +400,8 @@ class Pool:
                          payload_bytes_sent=dispatcher.payload_bytes_sent,
                          cached_arg_sends=dispatcher.cached_arg_sends,
                          cached_arg_hits=dispatcher.cached_arg_hits,
-                         cached_args=core.buffers.live)
+                         cached_args=core.buffers.live,
+                         shared_arg_maps=dispatcher.broadcast.maps)
 
     # -- stdlib-compatible internals used by CPython's tests --------------------------
     @property
@@ -408,7 +411,7 @@ class Pool:
         core = self._core
         if core is not None and core.state == RUN:
             deadline = time.monotonic() + 60.0
-            while (len(core.supervisor.records) < self._processes and time.monotonic() < deadline
+            while (len(core.supervisor.roster) < self._processes and time.monotonic() < deadline
                    and core.supervisor.thread.is_alive()):
                 time.sleep(0.01)
         return self.workers()
@@ -448,6 +451,10 @@ class Pool:
         memo: dict = {}  # the call's tasks share their large buffers (see .shared)
         batch: list = []
         submit, make_task = core.dispatcher.submit, result._make_task
+        limit = 1   # the first task goes alone, so that a worker starts while the rest
+        #             are cut and pickled; then batches of 4, 16, 64, 256 (but tasks that
+        #             carry large buffers go together: the buffers they share are sent
+        #             once per worker only if the tasks sharing them are queued together)
         try:
             if chunksize == 1:   # no chunk lists to cut: each item is its own chunk
                 tasks = (Task(result, index, mode, None, 1, index, None, (item,))
@@ -459,9 +466,11 @@ class Pool:
                          for index, chunk in enumerate(chunks(iterable, chunksize)))
             for task in tasks:
                 batch.append(task)
-                if len(batch) >= 256:
+                if len(task.frames) > 1:
+                    limit = 256
+                if len(batch) >= limit:
                     submit(result, batch, False)
-                    batch = []
+                    batch, limit = [], min(256, limit * 4)
                     if window is not None and not result._wait_for_room(window):
                         if core.state == TERMINATE:
                             break   # the pool stopped: nothing more to run
@@ -482,7 +491,7 @@ class Pool:
         _check_count(chunksize, "chunksize")
         core = self._core
         total = len(iterable) if hasattr(iterable, "__len__") else None
-        result = IMapIterator(core, func, ordered, self._window, progress, total)
+        result = IMapIterator(core, func, ordered, self._window, progress, total, chunksize)
         feeder = threading.Thread(target=feed, args=(core, result, iter(iterable), chunksize,
                                                       MAP),
                                   name=f"fiberrl-{core.name}-feeder", daemon=True)

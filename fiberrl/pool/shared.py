@@ -1,4 +1,4 @@
-"""The argument cache: a large argument shared by many tasks crosses the wire once per worker.
+"""The argument cache: a large argument shared by many tasks is sent once per host.
 
 Data flow (ES's parameter vector, passed to all 64 tasks of a ``map``)::
 
@@ -38,14 +38,27 @@ Semantics:
   first task that needs them (the pool keeps its copy while any task uses the entry).
 - **Tasks see private copies**: a task may modify its arguments in place, as in the
   stdlib; the worker copies the cached bytes for each task (a ``memcpy``, ~20 us per
-  400 KB), never exposing the cache itself.
+  400 KB), never exposing the cache itself; an entry kept in a segment (below) is mapped
+  copy-on-write instead, so a task pays only for the pages it writes.
+- **Once per host** (entries of :data:`~.segments.SEGMENT_MIN_BYTES`, 1 MiB, or more;
+  :mod:`.segments`): on the pool's host the bytes are written once into a segment of
+  shared memory that every worker there maps, and no worker receives them; on another
+  host, the first worker sent them keeps them in a segment of its own and tells the
+  pool (``"have"``), and the others of its host map that one (they wait for it rather
+  than receive a copy of their own). A worker that cannot map a segment asks for the
+  bytes (``"need"``). The relay is forgotten when its worker drops the entry or dies.
 """
 from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional
+
+from .segments import SEGMENT_MIN_BYTES, Segment
+
+logger = logging.getLogger(__name__)
 
 #: the default bound of each worker's cache (``Pool(arg_cache_bytes=...)``)
 DEFAULT_ARG_CACHE_BYTES = 256 * 1024 * 1024
@@ -54,7 +67,7 @@ DEFAULT_ARG_CACHE_BYTES = 256 * 1024 * 1024
 class SharedBuffer:
     """One cached argument: its key, an immutable copy of its bytes, who uses and holds it."""
 
-    __slots__ = ("key", "data", "nbytes", "users", "source", "holders")
+    __slots__ = ("key", "data", "nbytes", "users", "source", "holders", "segment", "relays")
 
     def __init__(self, key: int, data: bytes, source: Any) -> None:
         self.key = key
@@ -63,6 +76,20 @@ class SharedBuffer:
         self.users = 0                       # tasks (queued or running) that use it
         self.source = source                 # the caller's object, while the entry lives
         self.holders: "set[LinkCache]" = set()  # worker links that hold a copy
+        self.segment: Optional[Segment] = None  # its bytes in host memory, once mapped
+        #: per other host: the id of the worker there receiving its bytes, then (that
+        #: id, the reference to the segment it made of them): its host's relay
+        self.relays: Dict[str, Any] = {}
+
+    def host_segment(self) -> Optional[Segment]:
+        """Its bytes in a segment that workers of this host map (made on first use, in
+        the I/O thread); None if no segment can be made (the bytes go on the wire)."""
+        if self.segment is None and self.nbytes >= SEGMENT_MIN_BYTES:
+            try:
+                self.segment = Segment.from_bytes(self.data)
+            except OSError as exc:
+                logger.debug("shared argument #%d goes on the wire: %s", self.key, exc)
+        return self.segment
 
     def __repr__(self) -> str:
         return f"<SharedBuffer #{self.key} {self.nbytes} B, {self.users} user(s)>"
@@ -124,6 +151,9 @@ class BufferTable:
                         if self._by_object.get(id(frame.source)) is frame:
                             del self._by_object[id(frame.source)]
                         frame.source = None
+                        if frame.segment is not None:   # workers keep their mappings
+                            frame.segment.close()
+                            frame.segment = None
                         self.live -= 1
                         self.live_bytes -= frame.nbytes
                         freed.append(frame)
@@ -138,10 +168,11 @@ class LinkCache:
     go with the next message to it.
     """
 
-    __slots__ = ("limit", "held", "pins", "by_task", "nbytes", "drops")
+    __slots__ = ("limit", "held", "pins", "by_task", "nbytes", "drops", "owner", "host")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, owner: int = 0, host: str = "") -> None:
         self.limit = limit
+        self.owner, self.host = owner, host   # the worker's id and host
         self.held: "collections.OrderedDict[int, SharedBuffer]" = collections.OrderedDict()
         self.pins: Dict[int, int] = {}              # key -> tasks held that use it
         self.by_task: Dict[int, List[SharedBuffer]] = {}
@@ -201,7 +232,14 @@ class LinkCache:
         if self.held.pop(entry.key, None) is not None:
             self.nbytes -= entry.nbytes
             self.drops.append(entry.key)
+        self._unrelay(entry)
         entry.holders.discard(self)
+
+    def _unrelay(self, entry: SharedBuffer) -> None:
+        """The worker no longer holds ``entry``: it is not its host's relay for it."""
+        relay = entry.relays.get(self.host)
+        if relay == self.owner or (type(relay) is tuple and relay[0] == self.owner):
+            del entry.relays[self.host]
 
     def evict(self) -> None:
         """Drop least recently used, unpinned entries while over the bound."""
@@ -214,12 +252,14 @@ class LinkCache:
                 continue
             entry = self.held.pop(key)
             self.nbytes -= entry.nbytes
+            self._unrelay(entry)
             entry.holders.discard(self)
             self.drops.append(key)
 
     def close(self) -> None:
         """The worker is gone: its entries no longer list it as a holder."""
         for entry in self.held.values():
+            self._unrelay(entry)
             entry.holders.discard(self)
         self.held.clear()
         self.pins.clear()

@@ -37,6 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from ..errors import JobFailedError
 from ..popen import submit_together
 from ..process import Process
+from .roster import Roster, WorkerRecord
 from .worker import INTERRUPTED_EXIT, run_worker
 
 logger = logging.getLogger(__name__)
@@ -53,23 +54,6 @@ LOST_GRACE = 2.0
 STOP_GRACE = 10.0  # seconds a worker asked to stop may take before it is killed
 
 
-class WorkerRecord:
-    """The supervisor's view of one worker job."""
-
-    def __init__(self, worker_id: int, process: Process) -> None:
-        self.id = worker_id
-        self.process = process
-        self.started = time.monotonic()
-        self.hello = False
-        self.hello_at: Optional[float] = None
-        self.retiring = False
-        self.expected_exit = False
-        self.stop_asked: Optional[float] = None
-        self.init_error = ""
-        self.lost_at: Optional[float] = None   # its connection closed; its job still runs
-        self.lost_hint = ""
-
-
 class Supervisor:
     """Keeps ``target`` workers alive and tells the I/O thread about every loss."""
 
@@ -83,8 +67,7 @@ class Supervisor:
         self.worker_options = worker_options
         self.max_task_retries = max_task_retries
         self.idle_timeout = idle_timeout
-        self.records: Dict[int, WorkerRecord] = {}
-        self._poll_cursor = 0  # where the next slice of connected workers to poll starts
+        self.roster = Roster()
         self.unreaped: List[Process] = []  # declared lost, killed, not yet ended
         self.losing: Dict[int, WorkerRecord] = {}  # connection closed, job not yet ended
         self.worker_deaths = 0
@@ -114,11 +97,11 @@ class Supervisor:
         self.events.put((kind, 0, value))
 
     def processes(self) -> List[Process]:
-        return [r.process for r in list(self.records.values())]
+        return [r.process for r in self.roster]
 
     def workers_up(self) -> int:
         """Workers that said hello and are not being retired (any thread)."""
-        return sum(1 for r in list(self.records.values()) if r.hello and not r.retiring)
+        return sum(1 for r in list(self.roster.records.values()) if r.hello and not r.retiring)
 
     def wait_changed(self, timeout: float) -> None:
         """Block until :attr:`changed` is notified or ``timeout`` seconds pass."""
@@ -132,6 +115,7 @@ class Supervisor:
     # -- the thread ------------------------------------------------------------------
     def _run(self) -> None:
         try:
+            self._scale()   # the first workers start now, not after a first poll
             while True:
                 self._handle_events()
                 if not self.dispatcher.running():
@@ -144,7 +128,7 @@ class Supervisor:
                 if self.shutting_down:
                     self._start_owed()
                     self._wind_down()
-                    if not self.records:
+                    if not len(self.roster):
                         break
                 else:
                     self._scale()
@@ -168,10 +152,9 @@ class Supervisor:
                 return
 
     def _on_event(self, kind: str, worker_id: int, value: Any) -> None:
-        record = self.records.get(worker_id)
+        record = self.roster.get(worker_id)
         if kind == "hello" and record is not None:
-            record.hello = True
-            record.hello_at = time.monotonic()
+            self.roster.said_hello(record)
             self._start_failures = 0
             self.start_error = None
             self._notify()
@@ -183,8 +166,7 @@ class Supervisor:
             record.process.kill()
             self._lost(record, value)
         elif kind in ("retiring", "released") and record is not None:
-            record.retiring = record.expected_exit = True
-            record.stop_asked = time.monotonic()
+            self.roster.retire(record)
         elif kind == "init_failed" and record is not None:
             record.init_error = value
         elif kind == "start_workers":
@@ -235,7 +217,7 @@ class Supervisor:
             logger.warning("pool %s: %s", self.name, how)
         if not record.hello and not self.shutting_down and not self.terminating:
             self._start_failed(record, how)
-        del self.records[record.id]
+        self.roster.remove(record)
         self._notify()
         self.dispatcher.call_soon(lambda: self.dispatcher.worker_lost(record.id, how, unexpected))
         if process.exitcode is None:
@@ -267,19 +249,6 @@ class Supervisor:
             self._notify()
             self.dispatcher.call_soon(lambda: self.dispatcher.fail_queued(error))
 
-    def _to_poll(self) -> List[WorkerRecord]:
-        """Every worker still starting or stopping, and the next slice of the connected
-        ones, so that each connected worker's job is polled once per CONNECTED_POLL."""
-        urgent, connected = [], []
-        for record in self.records.values():
-            (connected if record.hello and record.stop_asked is None else urgent).append(record)
-        if connected:
-            share = min(len(connected), -(-len(connected) * POLL // CONNECTED_POLL))
-            start = self._poll_cursor % len(connected)
-            urgent.extend((connected[start:] + connected[:start])[:int(share)])
-            self._poll_cursor = start + int(share)
-        return urgent
-
     def _reap(self) -> None:
         now = time.monotonic()
         for record in list(self.losing.values()):
@@ -292,7 +261,8 @@ class Supervisor:
                     process.close()
                 except ValueError:
                     pass
-        for record in self._to_poll():
+        # every worker starting or stopping, and each connected one once per CONNECTED_POLL
+        for record in self.roster.to_poll(POLL / CONNECTED_POLL):
             if record.lost_at is not None:
                 continue
             if record.process.exitcode is not None:
@@ -303,31 +273,30 @@ class Supervisor:
                 record.process.kill()
 
     def _active(self) -> List[WorkerRecord]:
-        return [r for r in self.records.values() if not r.retiring]
+        return [r for r in self.roster if not r.retiring]
 
     def _scale(self) -> None:
-        active = self._active()
+        roster = self.roster
+        active = roster.active
         desired = self.target
-        if self.eager and sum(1 for r in active if r.hello) >= desired:
+        if self.eager and active - roster.starting >= desired:
             self.eager = False   # all up: from now on idle workers may be released again
         if (self.idle_timeout is not None and not self.eager
                 and not self.dispatcher.has_work()):
-            desired = min(desired, len(active))
-        if len(active) < desired and time.monotonic() >= self._backoff_until:
-            wanted = desired - len(active)
-            if self.max_starting is not None:
-                starting = sum(1 for r in active if not r.hello)
-                wanted = min(wanted, self.max_starting - starting)
+            desired = min(desired, active)
+        if active < desired and time.monotonic() >= self._backoff_until:
+            wanted = desired - active
+            if self.max_starting is not None:   # (retiring workers that never said
+                wanted = min(wanted, self.max_starting - roster.starting)   # hello count)
             if wanted > 0:
                 self._start_workers(wanted)
-        elif len(active) > desired:
-            self._retire(sorted(active, key=lambda r: (r.hello, self.dispatcher.pending.held_by(r.id)))
-                         [:len(active) - desired])
+        elif active > desired:
+            self._retire(sorted(self._active(), key=lambda r: (
+                r.hello, self.dispatcher.pending.held_by(r.id)))[:active - desired])
 
     def _retire(self, records: Sequence[WorkerRecord]) -> None:
         for record in records:
-            record.retiring = record.expected_exit = True
-            record.stop_asked = time.monotonic()
+            self.roster.retire(record)
             if not record.hello:
                 record.process.terminate()
             else:
@@ -348,7 +317,8 @@ class Supervisor:
                                       args=(self.dispatcher.address, worker_id, token,
                                             options["initializer"], options["initargs"],
                                             options["maxtasks"], options["heartbeat_interval"],
-                                            options["error_handling"]))
+                                            options["error_handling"],
+                                            self.dispatcher.broadcast.probe_ref))
                     process.start()
                     self.dispatcher.call_soon(functools.partial(
                         self.dispatcher.job_started, worker_id, process._popen._token))
@@ -359,7 +329,7 @@ class Supervisor:
             self._count_start_failure(lambda: JobFailedError(message))
             return
         for record in started:
-            self.records[record.id] = record
+            self.roster.add(record)
         self.started_total += len(started)
 
     def _start_owed(self) -> None:
@@ -370,8 +340,7 @@ class Supervisor:
         if owed <= 0 or time.monotonic() < self._backoff_until:
             return
         if self.max_starting is not None:
-            owed = min(owed, self.max_starting - sum(1 for r in self.records.values()
-                                                     if not r.hello))
+            owed = min(owed, self.max_starting - self.roster.starting)
         if owed > 0:
             self._start_workers(owed)
 
@@ -402,28 +371,27 @@ class Supervisor:
         """After close(): workers that said hello are told to stop (and killed if they
         linger); a worker still starting is left to run its initializer and say hello
         first, as the stdlib's workers do. One that dies before is reaped as usual."""
-        now = time.monotonic()
-        for record in list(self.records.values()):
+        for record in self.roster:
             if record.stop_asked is None and record.hello:
-                record.stop_asked = now
                 record.expected_exit = True
+                self.roster.ask_to_stop(record)
 
     def _kill_all(self) -> None:
         for process in self.unreaped:  # killed when declared lost
             process.join(1.0)
         self.unreaped.clear()
-        for record in list(self.records.values()):
+        for record in self.roster:
             record.expected_exit = True
             try:
                 record.process.kill()
             except Exception:
                 logger.debug("kill of worker %d failed", record.id, exc_info=True)
         deadline = time.monotonic() + 10.0
-        for record in list(self.records.values()):
+        for record in self.roster:
             record.process.join(max(0.1, deadline - time.monotonic()))
             try:
                 record.process.close()
             except ValueError:
                 logger.warning("pool worker %d (job %s) did not exit after SIGKILL", record.id,
                                record.process.job_id)
-        self.records.clear()
+        self.roster.clear()

@@ -60,7 +60,7 @@ _func_ids = itertools.count(1)
 class Function:
     """A function pickled once per call (or once per pool for plain module functions)."""
 
-    __slots__ = ("id", "frames", "name", "users", "cached")
+    __slots__ = ("id", "frames", "name", "users", "cached", "item_seconds")
 
     def __init__(self, func: Callable[..., Any], cached: bool) -> None:
         self.id = next(_func_ids)
@@ -68,6 +68,9 @@ class Function:
         self.name = _function_name(func)
         self.users = 0
         self.cached = cached
+        #: seconds one item took in the last call that finished (a new call's first
+        #: estimate of its tasks' cost, so that it need not start one task at a time)
+        self.item_seconds: Optional[float] = None
 
 
 def _function_name(func: Callable[..., Any]) -> str:
@@ -165,7 +168,7 @@ class Task:
         # one object per task for the garbage collector to walk, not three)
         if scalars is not None:       # the chunk, known to hold scalars only
             self.frames = (scalars,)
-        elif type(payload) is list and len(payload) <= INLINE_MAX and all_scalars(payload):
+        elif type(payload) in _SLICED and len(payload) <= INLINE_MAX and all_scalars(payload):
             # travels as itself inside the message's header: no pickle of its own here,
             # no unpickling in the worker (and scalars cannot fail to pickle later)
             self.frames = (tuple(payload),)
@@ -222,16 +225,19 @@ class Call(abc.ABC):
     """What every result object shares: its function, its tasks, a cost estimate."""
 
     def __init__(self, pool_core: Any, func: Callable[..., Any], callback, error_callback,
-                 progress: Any = None, total_items: Optional[int] = None) -> None:
+                 progress: Any = None, total_items: Optional[int] = None,
+                 items_per_task: int = 1) -> None:
         self._core = pool_core
         self.function = pool_core.functions.acquire(func)
+        self._items_per_task = items_per_task
         self._callback = callback
         self._error_callback = error_callback
         self._progress = make_progress(progress, total_items)
         self._outstanding = 0          # tasks submitted and not yet finished (I/O thread)
         self._submitted_all = False
         self._released = False
-        self.mean_duration: Optional[float] = None  # seconds per task, measured by workers
+        per_item = self.function.item_seconds   # seconds per task, measured by workers
+        self.mean_duration = None if per_item is None else per_item * items_per_task
 
     # -- called by the pool ------------------------------------------------------
     def _make_task(self, index: int, mode: int, payload: Any, size: int, first: int = 0,
@@ -281,6 +287,8 @@ class Call(abc.ABC):
             self._released = True
             if self._progress is not None:
                 self._progress.close()
+            if self.mean_duration is not None:
+                self.function.item_seconds = self.mean_duration / self._items_per_task
             self._core.functions.release(self.function)
 
     @abc.abstractmethod
@@ -303,8 +311,10 @@ class ApplyResult(Call):
     """The ``multiprocessing.pool.AsyncResult`` of one call."""
 
     def __init__(self, pool_core: Any, func, callback=None, error_callback=None,
-                 progress: Any = None, total_items: Optional[int] = None) -> None:
-        super().__init__(pool_core, func, callback, error_callback, progress, total_items)
+                 progress: Any = None, total_items: Optional[int] = None,
+                 items_per_task: int = 1) -> None:
+        super().__init__(pool_core, func, callback, error_callback, progress, total_items,
+                         items_per_task)
         self._event = threading.Event()
         self._success: Optional[bool] = None
         self._value: Any = None
@@ -361,7 +371,8 @@ class MapResult(ApplyResult):
 
     def __init__(self, pool_core: Any, func, n_items: int, chunksize: int, callback=None,
                  error_callback=None, progress: Any = None) -> None:
-        super().__init__(pool_core, func, callback, error_callback, progress, n_items)
+        super().__init__(pool_core, func, callback, error_callback, progress, n_items,
+                         max(chunksize, 1))
         self._chunksize = chunksize
         self._items: List[Any] = [None] * n_items
         self._chunks_left = -(-n_items // chunksize) if n_items else 0
@@ -456,8 +467,18 @@ class MapResult(ApplyResult):
             self._finish(True, items)
 
 
+#: inputs cut into chunks by slicing: a list's or tuple's slice copies references only,
+#: and a range's is a range (it travels as three numbers; the worker makes the items)
+_SLICED = (list, tuple, range)
+
+
 def chunks(iterable: Iterable[Any], size: int):
-    """Yield lists of ``size`` items (the last may be shorter)."""
+    """Yield chunks of ``size`` items (the last may be shorter): lists, or slices of a
+    list, tuple or range."""
+    if type(iterable) in _SLICED:
+        for start in range(0, len(iterable), size):
+            yield iterable[start:start + size]
+        return
     iterator = iter(iterable)
     while True:
         chunk = list(itertools.islice(iterator, size))

@@ -11,7 +11,15 @@ long task runs: its heartbeats go to the pool's process at the pool's interval.
 
 A task's ``layout`` says, for each of its out-of-band buffers, whether it is the next
 inline frame (None) or an entry of the worker's argument cache (its key): entries
-arrive once, as the frames after the functions' (see :mod:`fiberrl.pool.shared`).
+arrive once (see :mod:`fiberrl.pool.shared`), each as ``(key, reference)``: a
+reference to a host segment to map (see :mod:`fiberrl.pool.segments`), or None for
+bytes that follow as the frames after the functions' (False: the pool has no such
+entry, a bug reported by the tasks that use it). An entry whose segment cannot be
+mapped is asked for again with ``"need"``, and the tasks using it wait for its bytes.
+A large entry that came as bytes is kept in a segment of this worker's own, and
+``"have"`` tells the pool where, at once: on a host other than the pool's, the other
+workers of this host then map it instead of receiving the bytes too (this worker is
+its host's relay).
 
 Messages (headers; pickle streams are bytes inside the header, large buffers follow)::
 
@@ -20,7 +28,9 @@ Messages (headers; pickle streams are bytes inside the header, large buffers fol
                      [added cache keys], [dropped cache keys],
                      [(func_id, [task_id], [item])])
                     ("stop",)
-    worker -> pool  ("hello", worker_id, token, pid, host)
+    worker -> pool  ("hello", worker_id, token, pid, host, maps host segments?)
+                    ("need", [cache key])
+                    ("have", [(cache key, fd, size, tag) or (cache key, None, 0, b"")])
                     ("init_failed", worker_id, token, traceback_text)
                     ("results", [(task_id, ok, stream, n_buffers, seconds)],
                      ([task_id], [value], seconds) or None)
@@ -50,6 +60,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from .. import reduction
 from ..errors import TaskDeserializationError
 from .rerun import ChunkErrors
+from .segments import SEGMENT_MIN_BYTES, Segment, can_attach
 from .tasks import APPLY, INLINE_MAX, ITEM_ATTRIBUTE, MAP, SCALAR_TYPES, all_scalars
 from .wire import WorkerConnection
 from .._runtime import interrupts
@@ -76,6 +87,20 @@ def cached_arg_bytes() -> int:
     """Bytes of shared large arguments this pool worker holds (0 outside a pool worker)."""
     worker = _current
     return sum(len(data) for data in worker.cache.values()) if worker is not None else 0
+
+
+#: this process's receipts of shared large arguments: bytes that came through its
+#: stream (copied), entries mapped from another process's host segment (no copy)
+ARG_COUNTERS = {"received_bytes": 0, "mapped": 0}
+
+
+def cached_arg_segments() -> Dict[int, int]:
+    """The host segments this pool worker holds: cache key -> inode (the same inode in
+    every process that maps the segment)."""
+    worker = _current
+    if worker is None:
+        return {}
+    return {key: data.inode() for key, data in worker.cache.items() if isinstance(data, Segment)}
 
 
 class _Globals:
@@ -196,7 +221,8 @@ class Worker:
         self.maxtasks = maxtasks
         self.execute = _execute_every_item if error_handling else _execute
         self.functions: Dict[int, Any] = {}
-        self.cache: Dict[int, bytes] = {}   # shared large arguments, by key
+        self.cache: Dict[int, Any] = {}   # shared large arguments, by key: bytes or Segment
+        self.awaited: set = set()         # keys asked for again ("need"), bytes to come
         self.globals = _Globals()
         self.queue: "collections.deque" = collections.deque()
         self.results: List[tuple] = []
@@ -245,10 +271,28 @@ class Worker:
         for func_id in dropped:
             self.functions.pop(func_id, None)
         for key in cache_drops:
-            self.cache.pop(key, None)
-        for key in cache_adds:  # a copy: the frame is a view of the whole message
-            self.cache[key] = bytes(buffers[position])
-            position += 1
+            self._drop(key)
+        needed, made = [], []
+        for key, ref in cache_adds:
+            if ref is None:
+                made.extend(self._store(key, buffers[position]))
+                position += 1
+            elif ref is False:
+                self.awaited.discard(key)   # never coming: the tasks using it report it
+            else:
+                try:
+                    self._drop(key)
+                    self.cache[key] = Segment.attach(ref)
+                    ARG_COUNTERS["mapped"] += 1
+                except OSError as exc:
+                    logger.info("could not map shared argument #%d (%s); asking for its bytes",
+                                key, exc)
+                    needed.append(key)
+        if needed:
+            self.awaited.update(needed)
+            self.conn.send(("need", needed))
+        if made:
+            self.conn.send(("have", made))
         for task_id, func_id, mode, stream, layout in tasks:
             frames = [stream]
             for key in layout:  # cached entries are looked up when the task runs
@@ -261,12 +305,56 @@ class Worker:
         self.queue.extend(runs)   # (func_id, task ids, items): map tasks of one scalar each
         return True
 
+    def _store(self, key: int, frame: Any) -> List[tuple]:
+        """Keep an entry that came as bytes: a copy (the frame is a view of the whole
+        message), in a segment of its own when large, so tasks map it instead of copying;
+        ``[(key, where the segment is)]`` for a large one (``(key, None, 0, b"")`` if no
+        segment could be made), else ``[]``."""
+        self._drop(key)
+        data = None
+        if frame.nbytes >= SEGMENT_MIN_BYTES:
+            try:
+                data = Segment.from_bytes(frame)
+            except OSError:
+                pass
+        self.cache[key] = bytes(frame) if data is None else data
+        self.awaited.discard(key)
+        ARG_COUNTERS["received_bytes"] += frame.nbytes
+        if frame.nbytes < SEGMENT_MIN_BYTES:
+            return []
+        return [(key, data.fd, data.size, data.tag) if data is not None else (key, None, 0, b"")]
+
+    def _drop(self, key: int) -> None:
+        data = self.cache.pop(key, None)
+        if isinstance(data, Segment):
+            data.close()   # the mappings tasks still use stay valid
+
+    def _await(self, frames: List[Any]) -> bool:
+        """Read messages until the entries ``frames`` use that were asked for again have
+        come; False if the pool told this worker to stop meanwhile."""
+        while any(type(frame) is int and frame in self.awaited for frame in frames[1:]):
+            try:
+                message = self.conn.recv()
+            except EOFError:
+                return False
+            if not self.receive(*message):
+                return False
+        return True
+
     def _resolve(self, frames: List[Any]) -> List[Any]:
-        """The task's frames with cached entries as private, writable copies."""
+        """The task's frames with cached entries as private, writable copies (a segment:
+        a copy-on-write mapping, the previous task's again if it wrote nothing and kept
+        nothing of it; bytes: a copy)."""
         if len(frames) == 1 or all(type(frame) is not int for frame in frames[1:]):
             return frames
-        return [frames[0], *(memoryview(bytearray(self.cache[frame])) if type(frame) is int
-                             else frame for frame in frames[1:])]
+        cache, resolved = self.cache, [frames[0]]
+        for frame in frames[1:]:
+            if type(frame) is int:
+                data = cache[frame]
+                frame = (data.lend() if isinstance(data, Segment)
+                         else memoryview(bytearray(data)))
+            resolved.append(frame)
+        return resolved
 
     def run_map_run(self, func_id: int, task_ids: List[int], items: List[Any]) -> None:
         """Run map tasks of one scalar item each: the common ``map(f, numbers)`` with
@@ -314,6 +402,8 @@ class Worker:
                 f"the pool sent no function {func_id}", "")
         else:
             try:
+                if self.awaited and not self._await(frames):
+                    raise EOFError("the pool stopped this worker")
                 frames = self._resolve(frames)
             except KeyError as exc:
                 ok, value = False, TaskDeserializationError(
@@ -348,9 +438,11 @@ class Worker:
 
 def run_worker(address: tuple, worker_id: int, token: str, initializer: Optional[Callable[..., Any]],
                initargs: Sequence[Any], maxtasks: Optional[int], heartbeat_interval: float,
-               error_handling: bool = False) -> None:
-    """Entry point of a pool worker job (the target of its :class:`fiberrl.Process`)."""
+               error_handling: bool = False, host_probe: Optional[tuple] = None) -> None:
+    """Entry point of a pool worker job (the target of its :class:`fiberrl.Process`);
+    ``host_probe`` references the pool process's probe segment (see :mod:`.segments`)."""
     conn = WorkerConnection(*address)
+    maps = can_attach(host_probe)
     watch = parent_watch()   # the job's one liveness stream, to the pool's process
     if watch is not None:
         watch.set_interval(heartbeat_interval)   # as often as this pool needs to hear
@@ -364,7 +456,7 @@ def run_worker(address: tuple, worker_id: int, token: str, initializer: Optional
             except BaseException:  # noqa: BLE001 - the pool reports it
                 conn.send(("init_failed", worker_id, token, traceback.format_exc()))
                 raise
-        conn.send(("hello", worker_id, token, os.getpid(), socket.gethostname()))
+        conn.send(("hello", worker_id, token, os.getpid(), socket.gethostname(), maps))
         worker.serve()
         worker.flush()
         conn.send(("bye",))

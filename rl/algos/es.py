@@ -54,8 +54,10 @@ Design decisions:
   thousands is a few hundred tasks. All tasks of a generation carry the *same*
   ``theta`` array object, so on a ``fiberrl.Pool`` a ``theta`` of 64 KiB or more
   (16k+ parameters) crosses the wire once per worker per generation, not once per
-  task (the pool's argument cache, :mod:`fiberrl.pool.shared`); a smaller one (CartPole's
-  default policy has 1,282 parameters, 5 KB) simply rides inside each task.
+  task, and from 1 MiB (256k+ parameters) once per host, mapped from shared memory by
+  the workers there (the pool's argument cache, :mod:`fiberrl.pool.shared`); a smaller
+  one (CartPole's default policy has 1,282 parameters, 5 KB) simply rides inside each
+  task.
 """
 from __future__ import annotations
 
@@ -220,7 +222,7 @@ class ES(PopulationAlgorithm):
         indices = self.table.sample_index(self.rng, dim, pairs)
         episode_seeds = np.random.SeedSequence([self.seed, self.generations]).generate_state(
             pairs, dtype=np.uint32).astype(np.int64)
-        theta32 = self.theta.astype(np.float32)  # one object for every task: sent once per worker
+        theta32 = self.theta.astype(np.float32)  # one object for every task: shared (see above)
         per_task = self.episodes_per_task // 2
         tasks = [ESTask(self.env, self.policy, theta32, self.sigma, self.seed, self.noise_table_size,
                         indices[i:i + per_task], episode_seeds[i:i + per_task], self.max_episode_steps)

@@ -2,11 +2,15 @@
 
 Jobs that run fiberrl's own entry point (every ``Process`` and pool worker) are
 forked from a warm fork server (:mod:`fiberrl.backends.local.forkserver`) unless the
-``forkserver`` setting is off; other commands, and any job the server cannot take,
-are started with ``subprocess``. Either way a job of fiberrl's entry point starts with
-SIGINT blocked until it is ready to take it (:mod:`fiberrl._runtime.interrupts`). A job's stdout and stderr are pumped by one selector thread (``fiberrl-output``)
-to this process's own stdout/stderr, so ``print`` in a child shows up as it does
-with ``multiprocessing``, while the last lines are kept for error messages.
+``forkserver`` setting is off (the first job of a process is started as a new
+interpreter, and the second starts the server and waits for it); other commands, and
+any job the server cannot take, are started with ``subprocess``. Either way a job of fiberrl's entry point starts with
+SIGINT blocked until it is ready to take it (:mod:`fiberrl._runtime.interrupts`). A
+job's stdout and stderr (its own pipes, or for a forked job what its fork server
+relays on its one control socket) are pumped by one selector thread
+(``fiberrl-output``) to this process's own stdout/stderr, so ``print`` in a child
+shows up as it does with ``multiprocessing``, while the last lines are kept for
+error messages.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 from ..._runtime import interrupts
 from ...config import get_config
@@ -27,11 +31,14 @@ from ...errors import BackendError
 from .. import addresses
 from ..base import RUN_ENV, Backend, Job, JobInfo, JobSpec, JobState, JobStatus
 from .forkserver import MARKER_ENV, read_table
-from .forkserver_client import ForkedJob, fork_server, forkable
+from .forkserver_client import ForkedJob, ForkServer, fork_server, forkable
 
 logger = logging.getLogger(__name__)
 
 _TAIL_LINES = 200
+#: seconds a job waits for a fork server that is still importing before it is started
+#: as a new interpreter instead (the server is usually ready within ~0.1 s)
+SERVER_WAIT = 5.0
 
 
 def describe_exit(code: Optional[int]) -> str:
@@ -48,7 +55,12 @@ def describe_exit(code: Optional[int]) -> str:
 
 
 class _OutputPump:
-    """Forwards every job's output to our stdout/stderr and keeps a tail per job."""
+    """Forwards every job's output to our stdout/stderr and keeps a tail per job.
+
+    A job started as a new interpreter writes into two pipes of its own, read here; a
+    forked job's output comes relayed by its fork server, on the server's one control
+    socket (:class:`~.forkserver_client.ForkServer`), which this thread reads too.
+    """
 
     def __init__(self) -> None:
         self._selector = selectors.DefaultSelector()
@@ -58,17 +70,36 @@ class _OutputPump:
         self.tails: Dict[str, collections.deque] = {}
         self._open: Dict[str, int] = {}
         self._done: Dict[str, threading.Event] = {}
+        self._servers: Dict[int, ForkServer] = {}   # id -> a fork server whose reports we read
         self._thread = threading.Thread(target=self._run, name="fiberrl-output", daemon=True)
         self._thread.start()
 
     def add(self, job_id: str, stdout, stderr) -> None:
+        """Pump the output pipes of a job started as a new interpreter."""
         with self._lock:
-            self.tails[job_id] = collections.deque(maxlen=_TAIL_LINES)
+            self._tail(job_id)
             self._open[job_id] = 2
-            self._done[job_id] = threading.Event()
             self._selector.register(stdout, selectors.EVENT_READ, (job_id, 1))
             self._selector.register(stderr, selectors.EVENT_READ, (job_id, 2))
         os.write(self._wake_w, b"x")
+
+    def attach(self, server: ForkServer) -> None:
+        """Read ``server``'s reports: its jobs' output, and their ends."""
+        with self._lock:
+            if id(server) in self._servers or server.gone:
+                return
+            server.on_output = self._relayed
+            server.on_output_done = self._relayed_done
+            self._servers[id(server)] = server
+            self._selector.register(server.fileno(), selectors.EVENT_READ, server)
+        os.write(self._wake_w, b"x")
+
+    def _tail(self, job_id: str) -> collections.deque:
+        tail = self.tails.get(job_id)
+        if tail is None:
+            tail = self.tails[job_id] = collections.deque(maxlen=_TAIL_LINES)
+            self._done[job_id] = threading.Event()
+        return tail
 
     def drained(self, job_id: str, timeout: float) -> None:
         """Wait (briefly) until the job's pipes reached EOF, so its tail is complete."""
@@ -76,11 +107,28 @@ class _OutputPump:
         if done is not None:
             done.wait(timeout)
 
+    def _relayed(self, pid: int, stream: int, chunk: bytes) -> None:
+        self._forward(f"local-{pid}", stream, chunk)
+
+    def _relayed_done(self, pid: int) -> None:
+        self._tail(f"local-{pid}")
+        self._done[f"local-{pid}"].set()
+
+    def _forward(self, job_id: str, target_fd: int, chunk: bytes) -> None:
+        try:
+            os.write(target_fd, chunk)
+        except OSError:
+            pass
+        self._tail(job_id).extend(chunk.decode("utf-8", "replace").splitlines())
+
     def _run(self) -> None:
         while True:
             for key, _ in self._selector.select():
                 if key.data is None:
                     os.read(self._wake_r, 4096)
+                    continue
+                if isinstance(key.data, ForkServer):
+                    self._read_server(key)
                     continue
                 job_id, target_fd = key.data
                 try:
@@ -95,11 +143,20 @@ class _OutputPump:
                         if self._open[job_id] == 0:
                             self._done[job_id].set()
                     continue
-                try:
-                    os.write(target_fd, chunk)
-                except OSError:
-                    pass
-                self.tails[job_id].extend(chunk.decode("utf-8", "replace").splitlines())
+                self._forward(job_id, target_fd, chunk)
+
+    def _read_server(self, key: selectors.SelectorKey) -> None:
+        server = key.data
+        server.drain()
+        if server.gone:   # it exited: stop watching, then free its descriptor
+            with self._lock:
+                self._selector.unregister(key.fd)
+                self._servers.pop(id(server), None)
+                server.release()
+
+
+_pump: Dict[int, _OutputPump] = {}   # pid -> this process's pump (none inherited by a fork)
+_pump_lock = threading.Lock()
 
 
 class _Attached:
@@ -131,22 +188,23 @@ class LocalBackend(Backend):
 
     def __init__(self, listen_host: Optional[str] = None) -> None:
         self._listen_host = listen_host
-        self._pump: Optional[_OutputPump] = None
-        self._pump_lock = threading.Lock()
 
-    def _output(self) -> _OutputPump:
-        with self._pump_lock:
-            if self._pump is None:
-                self._pump = _OutputPump()
-            return self._pump
+    @staticmethod
+    def _output() -> _OutputPump:
+        """This process's one output pump, shared by every local backend (a fork server
+        is read by one thread only, whichever backend started its jobs)."""
+        with _pump_lock:
+            pump = _pump.get(os.getpid())
+            if pump is None:
+                _pump.clear()
+                pump = _pump[os.getpid()] = _OutputPump()
+            return pump
 
     def create_job(self, spec: JobSpec) -> Job:
         env = dict(os.environ)
         env.update(spec.env)
-        forked = self._fork(spec, env)
-        if forked is not None:
-            handle, stdout, stderr = forked
-        else:
+        handle = self._fork(spec, env)
+        if handle is None:
             # fiberrl's own jobs start with Ctrl-C held until fiberrl.spawn is ready for it
             # (see interrupts); any other command gets the terminal's Ctrl-C as usual
             holding = interrupts.held() if forkable(spec.command) else contextlib.nullcontext()
@@ -158,30 +216,40 @@ class LocalBackend(Backend):
             except OSError as exc:
                 raise BackendError(f"local backend could not start {spec.command[0]!r}: "
                                    f"{exc}") from exc
-            stdout, stderr = handle.stdout, handle.stderr
+            self._output().add(f"local-{handle.pid}", handle.stdout, handle.stderr)
         job = Job(id=f"local-{handle.pid}", backend=self.name, spec=spec, host="localhost",
                   pid=handle.pid, data=handle)
-        self._output().add(job.id, stdout, stderr)
         logger.debug("started job %s: %s", job.id, spec.name)
         return job
 
-    @staticmethod
-    def _fork(spec: JobSpec, env: Dict[str, str]) -> Optional[Tuple[ForkedJob, Any, Any]]:
+    def _fork(self, spec: JobSpec, env: Dict[str, str]) -> Optional[ForkedJob]:
         """Fork the job from the fork server; None if it should be exec'd instead."""
         cfg = get_config()
         if not cfg.forkserver or not forkable(spec.command):
             return None
         try:
             server = fork_server(spec.command[0])
-            if server is None or not server.serves(env):
+            if server is None:
                 return None
-            handle, out_r, err_r = server.start_job(env, spec.cwd, spec.pass_fds,
-                                                    timeout=cfg.start_timeout)
+            self._output().attach(server)   # before its first job can print
+            if not server.matches(env):
+                return None
+            if not server.wait_ready(SERVER_WAIT):
+                logger.info("fork server not ready after %.0f s; starting %s as a new "
+                            "interpreter", SERVER_WAIT, spec.name)
+                return None
+            return server.start_job(env, spec.cwd, spec.pass_fds, timeout=cfg.start_timeout)
         except OSError as exc:  # ForkServerError, or the server could not be started
             logger.warning("fork server unavailable (%s); starting %s as a new interpreter",
                            exc, spec.name)
             return None
-        return handle, open(out_r, "rb", buffering=0), open(err_r, "rb", buffering=0)
+
+    def notify_end(self, job: Job, callback: Callable[[], Any]) -> bool:
+        """A forked job's end comes in its fork server's reports: told at once."""
+        if isinstance(job.data, ForkedJob):
+            job.data.on_end(callback)
+            return True
+        return False
 
     def status(self, job: Job) -> JobStatus:
         code = job.data.poll()

@@ -122,9 +122,8 @@ class _Agent:
         try:
             if self.server is not None and self.server.serves(env):
                 try:
-                    handle, _, _ = self.server.start_job(env, self.request["cwd"],
-                                                         (started_w,), FORK_TIMEOUT, output=log)
-                    return handle
+                    return self.server.start_job(env, self.request["cwd"], (started_w,),
+                                                 FORK_TIMEOUT, output=log)
                 except ForkServerError as exc:
                     logger.warning("job %d: the fork server failed (%s); exec'ing it",
                                    index, exc)
