@@ -25,7 +25,9 @@ End of file, as with file descriptors, comes when the *last* copy of the other e
 is closed: a closing copy hands its unread messages back to the rendezvous (so a
 copy that peeked with ``poll`` loses nothing) and learns how many copies remain; the
 last one sends the close marker. A copy that was sent to another process and never
-used here does not count. A peer whose process dies is noticed through its streams
+used here does not count, except against a copy closed without being used (a job
+given an end only to close it): the sender's copy then keeps the pipe open until it
+is closed too, as a descriptor would. A peer whose process dies is noticed through its streams
 ending; the rendezvous then confirms the job is gone, and ``recv`` raises
 ``EOFError`` instead of hanging (``send`` raises ``BrokenPipeError``).
 
@@ -112,6 +114,7 @@ class Connection:
         self._readable, self._writable = readable, writable
         self._closed = False
         self._shipped = False
+        self._used = False   # sent or received through in this process
         self._pid: Optional[int] = None  # process in which this end is active
         self._dormant_pid: Optional[int] = None  # process that handed it on, still holding it
         self._inbox: Optional[Inbox] = None
@@ -127,9 +130,12 @@ class Connection:
     def __reduce__(self):
         self._check_open()
         self._shipped = True
-        from ._runtime.jobenv import shipping_token
+        from ._runtime.jobenv import current_job_token, shipping_token
+        # a copy never active here is still held here, as a descriptor would be: the
+        # rendezvous counts it against a receiver that closes its copy unused
+        held_here = None if self._pid == this_pid() else (_process_id(), current_job_token())
         client_for(self._registry).cast("pipe", "ship", self._pipe_id, self._end,
-                                                  shipping_token())
+                                        shipping_token(), held_here)
         if self._pid == this_pid():
             self._hand_over()
         return (_rebuild, (self._pipe_id, self._end, self._registry, self._readable,
@@ -220,11 +226,13 @@ class Connection:
 
     def _check_readable(self) -> None:
         self._check_open()
+        self._used = True
         if not self._readable:
             raise OSError("connection is write-only")
 
     def _check_writable(self) -> None:
         self._check_open()
+        self._used = True
         if not self._writable:
             raise OSError("connection is read-only")
 
@@ -304,6 +312,7 @@ class Connection:
     def _send_quick(self, kind: bytes, payload: Any) -> bool:
         """Send one small signed payload the short way when the end is active here and
         connected (the usual case); False when the general path must do it."""
+        self._used = True
         outbox = self._outbox
         if (outbox is None or type(payload) is not bytes or len(payload) >= _QUICK_BYTES
                 or self._pid != this_pid() or not self._writable or self._closed
@@ -408,6 +417,7 @@ class Connection:
         """The next message's frames, taken the short way when the end is active here,
         connected and the message is of ``kind`` (the usual case); None when the
         general path must decide (nothing within 1 s, end of file, a broken stream)."""
+        self._used = True
         if (self._pid != this_pid() or not self._readable or self._closed or self._suspect
                 or self._eof or self._peer_loc is None):
             return None
@@ -464,9 +474,11 @@ class Connection:
             return
         try:
             if self._pid == this_pid() or self._dormant_pid == os.getpid():
-                self._release()
+                self._release(unused=not self._used)
             elif not self._shipped:
                 self._close_unused()
+            else:
+                self._unship()
         except Exception:
             logger.debug("could not tell the peer of %r that it closed", self, exc_info=True)
         finally:
@@ -498,10 +510,13 @@ class Connection:
                     and other._pid == os.getpid()):
                 other._disconnect()
 
-    def _release(self, keep: bool = False) -> None:
+    def _release(self, keep: bool = False, unused: bool = False) -> None:
         """Hand unread messages back to the rendezvous; the last copy sends EOF.
 
         With ``keep`` this process still holds the end (it was handed on): no EOF.
+        With ``unused`` (nothing was sent or received through this copy), copies still
+        held unused by the processes that sent it on count too: closing an end a job
+        was given only so that it could close it ends nothing while its sender holds it.
         """
         if self._pid == this_pid():
             self._inbox.drain(self._pending)
@@ -509,12 +524,20 @@ class Connection:
         (remaining,), _ = client_for(self._registry).call(
             "pipe", "release", self._pipe_id, self._end, _process_id(),
             [kind for kind, _ in unread], [len(body) for _, body in unread],
-            keep, body=[frame for _, body in unread for frame in body], timeout=10.0)
+            keep, unused, body=[frame for _, body in unread for frame in body], timeout=10.0)
         if not keep and remaining == 0 and not self._eof:
             if self._pid == this_pid():
                 self._send_frames(_CLOSE, [])
             else:
                 self._close_unused()
+
+    def _unship(self) -> None:
+        """Closing a copy that was sent on and never used here: the peer gets EOF if a
+        receiver closed its copy unused while this one was still held."""
+        (owed,), _ = client_for(self._registry).call(
+            "pipe", "unship", self._pipe_id, self._end, _process_id(), timeout=10.0)
+        if owed:
+            self._close_unused()
 
     def _close_unused(self) -> None:
         """Closing a copy never used nor sent anywhere: the peer gets EOF."""

@@ -351,3 +351,46 @@ def test_an_end_closed_by_another_thread_ends_a_waiting_recv_with_oserror():
     finally:
         proc.kill()
         proc.join(30)
+
+
+def _close_the_senders_end_then_serve(own, senders, ready):
+    senders.close()   # as gymnasium's AsyncVectorEnv workers do, first thing
+    ready.send("closed")
+    try:
+        own.send(("echo", own.recv()))
+        own.recv()
+    except EOFError:
+        ready.send("eof")
+
+
+def test_a_job_closing_its_copy_of_the_senders_end_unused_ends_nothing():
+    # the stdlib's fork: the child closes its duplicate of the parent's end, the parent's
+    # own copy keeps the pipe open. The parent's copy here was sent on and never used
+    # before the job closed its copy (a parent busy starting other jobs)
+    mine, theirs = fiberrl.Pipe()
+    ready_r, ready_w = fiberrl.Pipe(duplex=False)
+    proc = fiberrl.Process(target=_close_the_senders_end_then_serve,
+                           args=(theirs, mine, ready_w))
+    proc.start()
+    theirs.close()
+    assert ready_r.recv() == "closed"
+    mine.send("hello")
+    assert mine.recv() == ("echo", "hello")
+    mine.close()   # now the last copy of that end: the job gets EOF
+    assert ready_r.recv() == "eof"
+    proc.join(30)
+    assert proc.exitcode == 0
+
+
+def test_closing_the_senders_copy_after_the_job_closed_its_copy_unused_is_eof():
+    mine, theirs = fiberrl.Pipe()
+    ready_r, ready_w = fiberrl.Pipe(duplex=False)
+    proc = fiberrl.Process(target=_close_the_senders_end_then_serve,
+                           args=(theirs, mine, ready_w))
+    proc.start()
+    theirs.close()
+    assert ready_r.recv() == "closed"
+    mine.close()   # never used here: its EOF was owed since the job closed its copy
+    assert ready_r.poll(20), "the job waits forever for an end no copy of which is open"
+    assert ready_r.recv() == "eof"
+    proc.join(30)

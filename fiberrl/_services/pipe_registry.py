@@ -17,6 +17,13 @@ it arrives and registers) also counts. Copies held by jobs that died, and copies
 their way to a job that died before it unpickled them, are dropped on ``lookup``,
 whose answer says whether any copy was lost that way (then no copies left means EOF,
 where an end that was simply never used yet does not).
+
+A copy sent on by a process that never used it stays *held unused* there (as a parent
+holds the descriptor of an end it passed to a child). Such copies do not keep the
+pipe open against copies that were used, but they do against a copy closed without
+being used (a job given the end only to close it, as gymnasium's workers are): that
+close leaves EOF owed, and the last of those senders to close its copy (``unship``)
+or to die sends it.
 """
 from __future__ import annotations
 
@@ -37,7 +44,8 @@ CLOSE = b"c"   #: the marker a closing end sends (fiberrl.connection uses it too
 
 
 class _End:
-    __slots__ = ("holders", "order", "mail", "in_transit", "to_jobs", "lost", "closed")
+    __slots__ = ("holders", "order", "mail", "in_transit", "to_jobs", "lost", "closed",
+                 "held_unused", "eof_owed")
 
     def __init__(self) -> None:
         self.holders: Dict[str, dict] = {}   # proc_id -> {"loc": ..., "token": ...}
@@ -47,6 +55,10 @@ class _End:
         self.to_jobs: Dict[str, int] = {}    # of those, copies bound for a known job
         self.lost = False                    # a copy died with its process
         self.closed = False                  # its last copy was closed
+        # processes that sent a copy on without using theirs, and still hold it (as a
+        # parent holds a descriptor it passed to a child): proc_id -> job token
+        self.held_unused: Dict[str, Optional[str]] = {}
+        self.eof_owed = False   # a copy closed unused left EOF to those copies
 
     def copies(self) -> int:
         """Copies that still count for end-of-file: active ones and ones in transit."""
@@ -58,6 +70,11 @@ class _End:
             if loc is not None:
                 return loc
         return None
+
+    def copies_for_unused_close(self) -> int:
+        """Copies that count when a copy that was never used is closed: also those
+        still held unused by the processes that sent it on."""
+        return self.copies() + len(self.held_unused)
 
     def drop(self, proc_id: str) -> None:
         self.holders.pop(proc_id, None)
@@ -107,6 +124,10 @@ class PipeRegistry:
         for token in dead & set(end.to_jobs):
             end.in_transit -= end.to_jobs.pop(token)  # died before unpickling its copy
             end.lost = True
+        for proc_id, token in list(end.held_unused.items()):
+            if (token and self.jobs.ended(token)) or not _alive_here(proc_id):
+                del end.held_unused[proc_id]
+                end.lost = end.lost or end.eof_owed
 
     def __call__(self, op: str, request: Request) -> None:
         pipe_id, index = request.args[0], request.args[1]
@@ -121,7 +142,8 @@ class PipeRegistry:
                     if not end.to_jobs[token]:
                         del end.to_jobs[token]
             end.drop(proc_id)
-            end.closed = False
+            end.held_unused.pop(proc_id, None)   # its sender uses its copy after all
+            end.closed = end.eof_owed = False
             end.holders[proc_id] = {"loc": loc, "token": token}
             end.order.append(proc_id)
             mail, end.mail = end.mail, []
@@ -146,19 +168,33 @@ class PipeRegistry:
             token = request.args[2] if len(request.args) > 2 else None
             if token:
                 end.to_jobs[token] = end.to_jobs.get(token, 0) + 1
+            held_here = request.args[3] if len(request.args) > 3 else None
+            if held_here is not None:
+                sender, sender_token = held_here
+                end.held_unused[sender] = sender_token
+        elif op == "unship":
+            end.held_unused.pop(request.args[2], None)
+            owed = end.eof_owed and end.copies_for_unused_close() == 0
+            if owed:
+                end.eof_owed = False
+                end.closed = True
+            request.reply(owed)
         elif op == "release":
             proc_id, kinds, counts, keep = request.args[2:6]
+            unused = len(request.args) > 6 and request.args[6]
             if keep and proc_id in end.holders:
                 end.holders[proc_id]["loc"] = None  # still held here, no longer read here
             else:
                 end.drop(proc_id)
                 end.closed = end.copies() == 0
+                if unused and end.closed and end.held_unused:
+                    end.closed, end.eof_owed = False, True   # their senders hold it still
             returned, position = [], 0
             for kind, count in zip(kinds, counts):
                 returned.append((kind, list(request.body[position:position + count])))
                 position += count
             end.mail[:0] = returned
-            request.reply(end.copies())
+            request.reply(end.copies_for_unused_close() if unused else end.copies())
         elif op == "forget":
             self.pipes.pop(pipe_id, None)
         else:
