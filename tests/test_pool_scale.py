@@ -85,6 +85,35 @@ def test_a_new_worker_costs_the_supervisor_no_pass_over_the_others(make_pool):
     assert pool.map(abs, range(-96, 0)) == list(range(96, 0, -1))
 
 
+def test_starting_n_workers_asks_the_earlier_ones_if_they_ended_only_log_n_times(
+        make_pool, monkeypatch):
+    """Process.start() dropped ended children by asking every child, as the stdlib's
+    does: a pool of n workers asked n * n / 2 times (issue 32's start-up)."""
+    from multiprocessing import process as mp_process
+    looks = []
+    real = mp_process._cleanup
+    monkeypatch.setattr(mp_process, "_cleanup", lambda: (looks.append(1), real())[1])
+    pool = make_pool(200)
+    assert wait_until(lambda: pool.stats().alive == 200, 600), pool.stats()
+    assert len(looks) <= 4, len(looks)   # the set doubled from 64: 64, 128 (and 256)
+    assert len(fiberrl.active_children()) >= 200   # which still looks every time
+
+
+def test_workers_up_is_counted_as_workers_come_and_go(make_pool):
+    pool = make_pool(4)
+    pool.wait_until_workers_up(120)
+    supervisor = pool._core.supervisor
+    brute = lambda: sum(1 for r in supervisor.roster.records.values()  # noqa: E731
+                        if r.hello and not r.retiring)
+    assert supervisor.workers_up() == brute() == 4
+    pool._pool[0].kill()
+    assert wait_until(lambda: supervisor.workers_up() == 3 or brute() == 4, 30)
+    assert wait_until(lambda: supervisor.workers_up() == brute() == 4, 60)
+    pool.close()
+    pool.join()
+    assert supervisor.workers_up() == brute() == 0
+
+
 def test_resize_checks_the_fd_budget_of_the_workers_it_adds(make_pool, monkeypatch):
     import fiberrl.pool.pool as pool_module
     pool = make_pool(1)

@@ -45,6 +45,7 @@ class Roster:
         self._stopping: Set[int] = set()      # said hello, asked to stop
         self._connected: "collections.deque[int]" = collections.deque()  # polled in turn
         self.retiring = 0                     # records retiring (not counted as active)
+        self.up = 0                           # said hello and not retiring
         self.scans = 0                        # passes over every record
 
     def __len__(self) -> int:
@@ -80,6 +81,8 @@ class Roster:
 
     def said_hello(self, record: WorkerRecord) -> None:
         """``record`` said hello: polled in turn from now on, unless asked to stop."""
+        if not record.hello and not record.retiring:
+            self.up += 1
         record.hello = True
         record.hello_at = time.monotonic()
         self._no_hello.discard(record.id)
@@ -93,6 +96,8 @@ class Roster:
         if not record.retiring:
             record.retiring = True
             self.retiring += 1
+            if record.hello:
+                self.up -= 1
         record.expected_exit = True
         self.ask_to_stop(record)
 
@@ -109,6 +114,8 @@ class Roster:
             return
         if record.retiring:
             self.retiring -= 1
+        elif record.hello:
+            self.up -= 1
         self._no_hello.discard(record.id)
         self._stopping.discard(record.id)
 

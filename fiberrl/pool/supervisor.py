@@ -101,7 +101,7 @@ class Supervisor:
 
     def workers_up(self) -> int:
         """Workers that said hello and are not being retired (any thread)."""
-        return sum(1 for r in list(self.roster.records.values()) if r.hello and not r.retiring)
+        return self.roster.up
 
     def wait_changed(self, timeout: float) -> None:
         """Block until :attr:`changed` is notified or ``timeout`` seconds pass."""
