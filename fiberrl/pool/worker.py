@@ -53,7 +53,6 @@ import os
 import socket
 import time
 import traceback
-import types
 from multiprocessing.pool import ExceptionWithTraceback, MaybeEncodingError
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -101,36 +100,6 @@ def cached_arg_segments() -> Dict[int, int]:
     if worker is None:
         return {}
     return {key: data.inode() for key, data in worker.cache.items() if isinstance(data, Segment)}
-
-
-class _Globals:
-    """Makes globals that the initializer set visible to tasks defined in ``__main__``.
-
-    Functions from ``__main__`` travel by value, each pickle with its own globals
-    dict; in the stdlib they share the real module. So the names the initializer
-    assigns are copied into the globals of every function unpickled afterwards.
-    """
-
-    def __init__(self) -> None:
-        self.assigned: Dict[str, Dict[str, Any]] = {}
-
-    def run_initializer(self, initializer: Callable[..., Any], initargs: Sequence[Any]) -> None:
-        namespace = getattr(initializer, "__globals__", None)
-        before = dict(namespace) if isinstance(namespace, dict) else None
-        initializer(*initargs)
-        if before is not None and initializer.__module__ in ("__main__", "__mp_main__"):
-            changed = [k for k, v in namespace.items() if k not in before or before[k] is not v]
-            self.assigned[initializer.__module__] = {"__ns__": namespace, "keys": changed}
-
-    def adopt(self, func: Any) -> None:
-        entry = self.assigned.get(getattr(func, "__module__", None))
-        if entry is None or not isinstance(func, types.FunctionType):
-            return
-        source = entry["__ns__"]
-        if func.__globals__ is not source:
-            for key in entry["keys"]:
-                if key in source:
-                    func.__globals__[key] = source[key]
 
 
 def _load_arguments(frames: List[Any]) -> Tuple[bool, Any]:
@@ -223,7 +192,6 @@ class Worker:
         self.functions: Dict[int, Any] = {}
         self.cache: Dict[int, Any] = {}   # shared large arguments, by key: bytes or Segment
         self.awaited: set = set()         # keys asked for again ("need"), bytes to come
-        self.globals = _Globals()
         self.queue: "collections.deque" = collections.deque()
         self.results: List[tuple] = []
         self.buffers: List[Any] = []
@@ -262,7 +230,6 @@ class Worker:
             position += count
             try:
                 func = reduction.loads(frames)
-                self.globals.adopt(func)
                 self.functions[func_id] = func
             except BaseException as exc:  # noqa: BLE001 - every task using it reports it
                 self.functions[func_id] = TaskDeserializationError(
@@ -452,7 +419,7 @@ def run_worker(address: tuple, worker_id: int, token: str, initializer: Optional
     try:
         if initializer is not None:
             try:
-                worker.globals.run_initializer(initializer, initargs)
+                initializer(*initargs)
             except BaseException:  # noqa: BLE001 - the pool reports it
                 conn.send(("init_failed", worker_id, token, traceback.format_exc()))
                 raise
