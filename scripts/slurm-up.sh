@@ -308,12 +308,26 @@ wait_idle() {
     done
 }
 
+# widen_pid_range: with proctrack/linuxproc, slurmd finds a job's processes by pid, and a
+# 2-core test machine that forks thousands of short jobs wraps the default 32768 pids
+# within minutes: a pid reused by an unrelated process could be taken for a job's.
+# Best effort (a container may not allow it).
+widen_pid_range() {
+    local now
+    now=$(cat /proc/sys/kernel/pid_max 2>/dev/null || echo 0)
+    if [ "$now" -lt 4194304 ]; then
+        sysctl -q -w kernel.pid_max=4194304 2>/dev/null ||
+            log "could not raise kernel.pid_max from $now (pids wrap sooner)"
+    fi
+}
+
 main() {
     select_topology "${1:-single}" "${@:2}"
     [ "$(id -u)" = 0 ] || die "must run as root"
     lock
     ensure_packages
     ensure_munged
+    widen_pid_range
     write_conf
     if [ "$NAMESPACED" = 1 ]; then ensure_network; fi
     ensure_slurmctld
