@@ -9,9 +9,11 @@ Data flow::
 ``join``/``is_alive``/``exitcode`` combine the backend's view (authoritative: it sees
 OOM kills, signals, cancelled jobs) with the exit code the job reported itself.
 The job watch (:mod:`fiberrl._runtime.liveness`) tells the Popen when its job ended
-(:meth:`Popen._job_ended`). ``sentinel`` is the read end of a pipe whose write end is
-closed then; it is made the first time it is asked for, so that a job nobody waits on
-by descriptor (a pool's worker) costs this process no descriptor for it.
+(:meth:`Popen._job_ended`). ``sentinel`` is made the first time it is asked for, so
+that a job nobody waits on by descriptor (a pool's worker) costs this process no
+descriptor for it: for a job running on this host, a ``pidfd`` of its process, which
+the kernel makes readable the moment it exits (as the stdlib's sentinel); otherwise
+the read end of a pipe whose write end is closed when the job watch hears of the end.
 """
 from __future__ import annotations
 
@@ -233,6 +235,10 @@ class Popen:
         """A descriptor that becomes readable once the job has ended (the stdlib's
         ``Popen.sentinel``), made on first use."""
         with self._lock:
+            if self._sentinel is None and not self._ended.is_set():
+                self._sentinel = self._pidfd()
+                if self._sentinel is not None:
+                    self.finalizer = _mp_util.Finalize(self, _close_fds, (self._sentinel,))
             if self._sentinel is None:
                 read_fd, write_fd = os.pipe()
                 self._sentinel = read_fd
@@ -242,6 +248,22 @@ class Popen:
                 else:
                     self._sentinel_write = write_fd
             return self._sentinel
+
+    def _pidfd(self) -> Optional[int]:
+        """A pidfd of the job's process when it runs on this host (None otherwise)."""
+        if self.job is None or not getattr(self.backend, "shares_host", False):
+            return None
+        pid = self.job.pid or self._pid
+        if not pid:
+            return None
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):   # no pidfd here, or the process is gone
+            return None
+        if self._ended.is_set() or self.returncode is not None:
+            os.close(fd)   # it ended meanwhile: its pid may already be another's
+            return None
+        return fd
 
     def _job_ended(self) -> None:
         """The job has ended (the job watch says so): the sentinel fires, waits end."""

@@ -174,6 +174,38 @@ def test_sentinel_becomes_ready_when_the_job_ends():
     assert proc.exitcode == 0
 
 
+def _say_then_sleep(conn, closed_path, seconds):
+    conn.send("running")
+    conn.close()   # (an RPC to the parent's I/O thread: done before the test blocks it)
+    open(closed_path, "w").close()
+    time.sleep(seconds)
+
+
+def test_a_local_jobs_sentinel_fires_at_its_exit_without_the_io_thread(tmp_path):
+    # the stdlib's sentinel is ready the moment the child exits; a local job's is a pidfd
+    # of its process, not a pipe the I/O thread closes once it hears of the end (that
+    # came seconds late on a busy machine: CPython's TestWait.test_wait_integer)
+    from fiberrl._runtime.liveness import job_watch
+    from multiprocessing.connection import wait
+    ready_r, ready_w = fiberrl.Pipe(duplex=False)
+    closed = tmp_path / "closed"
+    proc = fiberrl.Process(target=_say_then_sleep, args=(ready_w, str(closed), 1.0))
+    proc.start()
+    sentinel = proc.sentinel
+    assert ready_r.recv() == "running"
+    deadline = time.monotonic() + 30
+    while not closed.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    blocked = threading.Event()
+    job_watch().reactor.call_soon(lambda: (blocked.set(), time.sleep(5)))
+    assert blocked.wait(10)
+    started = time.monotonic()
+    assert wait([sentinel], timeout=30) == [sentinel]
+    assert time.monotonic() - started < 3.5, "the sentinel waited for the I/O thread"
+    proc.join(30)
+    assert proc.exitcode == 0
+
+
 @pytest.mark.any_backend
 def test_job_logs_keep_the_tail_of_its_output():
     proc = fiberrl.Process(target=_raise)
