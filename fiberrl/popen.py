@@ -23,6 +23,7 @@ import logging
 import os
 import pickle
 import secrets
+import select
 import sys
 import threading
 import time
@@ -125,6 +126,7 @@ class Popen:
         self._hello_host: Optional[str] = None
         self._ended = threading.Event()      # the job watch saw the job end
         self._sentinel: Optional[int] = None
+        self._sentinel_is_pidfd = False
         self._sentinel_write: Optional[int] = None
         self.finalizer = None
         self._lock = threading.Lock()
@@ -238,6 +240,7 @@ class Popen:
             if self._sentinel is None and not self._ended.is_set():
                 self._sentinel = self._pidfd()
                 if self._sentinel is not None:
+                    self._sentinel_is_pidfd = True
                     self.finalizer = _mp_util.Finalize(self, _close_fds, (self._sentinel,))
             if self._sentinel is None:
                 read_fd, write_fd = os.pipe()
@@ -282,9 +285,25 @@ class Popen:
         """Exit code if the job has finished, else None."""
         if self.returncode is None and self.job is not None:
             status = self.backend.status(self.job)
+            if not status.state.finished and self._exited():
+                # its pidfd says it has exited: the exit code is on its way (as the
+                # stdlib's poll() after its sentinel fired, this does not say None)
+                status = self.backend.wait(self.job, timeout=5.0) or status
             if status.state.finished:
                 self._finish(status)
         return self.returncode
+
+    def _exited(self) -> bool:
+        """Whether the job's pidfd sentinel (if one was made) says its process exited."""
+        fd = self._sentinel
+        if fd is None or not self._sentinel_is_pidfd:
+            return False
+        poller = select.poll()   # (not select(): descriptors may be above 1024)
+        try:
+            poller.register(fd, select.POLLIN)
+            return bool(poller.poll(0))
+        except (OSError, ValueError):
+            return False
 
     def _finish(self, status) -> None:
         with self._lock:

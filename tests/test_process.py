@@ -174,6 +174,19 @@ def test_sentinel_becomes_ready_when_the_job_ends():
     assert proc.exitcode == 0
 
 
+def test_exitcode_is_known_once_the_sentinel_fired():
+    # the stdlib's poll() reaps the child its sentinel says has exited; a job's exit
+    # code comes from its fork server a little after its pidfd fires
+    from multiprocessing.connection import wait
+    for _ in range(10):
+        proc = fiberrl.Process(target=time.sleep, args=(0.05,))
+        proc.start()
+        assert wait([proc.sentinel], timeout=30) == [proc.sentinel]
+        assert proc.exitcode == 0
+        assert not proc.is_alive()
+        proc.join(30)
+
+
 def _say_then_sleep(conn, closed_path, seconds):
     conn.send("running")
     conn.close()   # (an RPC to the parent's I/O thread: done before the test blocks it)
@@ -202,6 +215,7 @@ def test_a_local_jobs_sentinel_fires_at_its_exit_without_the_io_thread(tmp_path)
     started = time.monotonic()
     assert wait([sentinel], timeout=30) == [sentinel]
     assert time.monotonic() - started < 3.5, "the sentinel waited for the I/O thread"
+    assert proc.exitcode == 0   # as the stdlib's: known once the sentinel fired
     proc.join(30)
     assert proc.exitcode == 0
 
