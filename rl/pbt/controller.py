@@ -265,8 +265,9 @@ class _Controller:
         self._save()
         try:
             self.conns[member.index].send(directive)
-        except (OSError, EOFError):
-            pass  # it died after reporting: _died restarts it from this checkpoint
+        except (OSError, EOFError):   # _died restarts it from the checkpoint just saved
+            logger.info("member %d ended after its report; it restarts from that checkpoint",
+                        member.index)
         if report.final:
             self._forget(member.index)
         self.progress.update(running=len(self.procs))

@@ -85,11 +85,25 @@ class Param(ABC):
 
 
 @dataclass(frozen=True)
-class LogUniform(Param):
-    """A float, log-uniform on ``[low, high]``."""
+class _FloatRange(Param):
+    """A float on ``[low, high]``; perturbing scales it and clips it to the range."""
 
     low: float
     high: float
+
+    def perturb(self, value: Any, rng: np.random.Generator) -> float:
+        return float(min(self.high, max(self.low, value * rng.choice(PERTURB_FACTORS))))
+
+    def contains(self, value: Any) -> bool:
+        return isinstance(value, (int, float)) and self.low <= value <= self.high
+
+    def bounds(self) -> Tuple[Any, ...]:
+        return (self.low, self.high)
+
+
+@dataclass(frozen=True)
+class LogUniform(_FloatRange):
+    """A float, log-uniform on ``[low, high]``."""
 
     def __post_init__(self) -> None:
         if not 0 < self.low < self.high or not math.isfinite(self.high):
@@ -98,25 +112,13 @@ class LogUniform(Param):
     def sample(self, rng: np.random.Generator) -> float:
         return float(math.exp(rng.uniform(math.log(self.low), math.log(self.high))))
 
-    def perturb(self, value: Any, rng: np.random.Generator) -> float:
-        return float(min(self.high, max(self.low, value * rng.choice(PERTURB_FACTORS))))
-
-    def contains(self, value: Any) -> bool:
-        return isinstance(value, (int, float)) and self.low <= value <= self.high
-
-    def bounds(self) -> Tuple[Any, ...]:
-        return (self.low, self.high)
-
     def spec(self) -> str:
         return f"loguniform:{self.low!r}:{self.high!r}"
 
 
 @dataclass(frozen=True)
-class Uniform(Param):
+class Uniform(_FloatRange):
     """A float, uniform on ``[low, high]``."""
-
-    low: float
-    high: float
 
     def __post_init__(self) -> None:
         if not self.low < self.high or not (math.isfinite(self.low) and math.isfinite(self.high)):
@@ -124,15 +126,6 @@ class Uniform(Param):
 
     def sample(self, rng: np.random.Generator) -> float:
         return float(rng.uniform(self.low, self.high))
-
-    def perturb(self, value: Any, rng: np.random.Generator) -> float:
-        return float(min(self.high, max(self.low, value * rng.choice(PERTURB_FACTORS))))
-
-    def contains(self, value: Any) -> bool:
-        return isinstance(value, (int, float)) and self.low <= value <= self.high
-
-    def bounds(self) -> Tuple[Any, ...]:
-        return (self.low, self.high)
 
     def spec(self) -> str:
         return f"uniform:{self.low!r}:{self.high!r}"
