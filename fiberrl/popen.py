@@ -254,7 +254,7 @@ class Popen:
 
     def _pidfd(self) -> Optional[int]:
         """A pidfd of the job's process when it runs on this host (None otherwise)."""
-        if self.job is None or not getattr(self.backend, "shares_host", False):
+        if self.job is None or not self.backend.shares_host:
             return None
         pid = self.job.pid or self._pid
         if not pid:

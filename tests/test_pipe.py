@@ -363,10 +363,9 @@ def _close_the_senders_end_then_serve(own, senders, ready):
         ready.send("eof")
 
 
-def test_a_job_closing_its_copy_of_the_senders_end_unused_ends_nothing():
-    # the stdlib's fork: the child closes its duplicate of the parent's end, the parent's
-    # own copy keeps the pipe open. The parent's copy here was sent on and never used
-    # before the job closed its copy (a parent busy starting other jobs)
+def _a_job_that_closed_its_copy_of_mine():
+    """``(mine, ready, job)``: a job that was sent both ends and has closed its copy of
+    ``mine``, which was never used here."""
     mine, theirs = fiberrl.Pipe()
     ready_r, ready_w = fiberrl.Pipe(duplex=False)
     proc = fiberrl.Process(target=_close_the_senders_end_then_serve,
@@ -374,6 +373,14 @@ def test_a_job_closing_its_copy_of_the_senders_end_unused_ends_nothing():
     proc.start()
     theirs.close()
     assert ready_r.recv() == "closed"
+    return mine, ready_r, proc
+
+
+def test_a_job_closing_its_copy_of_the_senders_end_unused_ends_nothing():
+    # the stdlib's fork: the child closes its duplicate of the parent's end, the parent's
+    # own copy keeps the pipe open. The parent's copy here was sent on and never used
+    # before the job closed its copy (a parent busy starting other jobs)
+    mine, ready_r, proc = _a_job_that_closed_its_copy_of_mine()
     mine.send("hello")
     assert mine.recv() == ("echo", "hello")
     mine.close()   # now the last copy of that end: the job gets EOF
@@ -383,13 +390,7 @@ def test_a_job_closing_its_copy_of_the_senders_end_unused_ends_nothing():
 
 
 def test_closing_the_senders_copy_after_the_job_closed_its_copy_unused_is_eof():
-    mine, theirs = fiberrl.Pipe()
-    ready_r, ready_w = fiberrl.Pipe(duplex=False)
-    proc = fiberrl.Process(target=_close_the_senders_end_then_serve,
-                           args=(theirs, mine, ready_w))
-    proc.start()
-    theirs.close()
-    assert ready_r.recv() == "closed"
+    mine, ready_r, proc = _a_job_that_closed_its_copy_of_mine()
     mine.close()   # never used here: its EOF was owed since the job closed its copy
     assert ready_r.poll(20), "the job waits forever for an end no copy of which is open"
     assert ready_r.recv() == "eof"

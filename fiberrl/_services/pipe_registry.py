@@ -165,10 +165,9 @@ class PipeRegistry:
             request.reply(end.location(), end.copies(), end.lost or end.closed)
         elif op == "ship":
             end.in_transit += 1
-            token = request.args[2] if len(request.args) > 2 else None
+            token, held_here = request.args[2:4]
             if token:
                 end.to_jobs[token] = end.to_jobs.get(token, 0) + 1
-            held_here = request.args[3] if len(request.args) > 3 else None
             if held_here is not None:
                 sender, sender_token = held_here
                 end.held_unused[sender] = sender_token
@@ -180,8 +179,7 @@ class PipeRegistry:
                 end.closed = True
             request.reply(owed)
         elif op == "release":
-            proc_id, kinds, counts, keep = request.args[2:6]
-            unused = len(request.args) > 6 and request.args[6]
+            proc_id, kinds, counts, keep, unused = request.args[2:7]
             if keep and proc_id in end.holders:
                 end.holders[proc_id]["loc"] = None  # still held here, no longer read here
             else:
