@@ -285,9 +285,11 @@ class Popen:
         """Exit code if the job has finished, else None."""
         if self.returncode is None and self.job is not None:
             status = self.backend.status(self.job)
-            if not status.state.finished and self._exited():
+            if (not status.state.finished and self._exited()
+                    and not self._service.runtime.reactor.in_loop()):
                 # its pidfd says it has exited: the exit code is on its way (as the
-                # stdlib's poll() after its sentinel fired, this does not say None)
+                # stdlib's poll() after its sentinel fired, this does not say None);
+                # never on the I/O thread, which carries the report of every job's end
                 status = self.backend.wait(self.job, timeout=5.0) or status
             if status.state.finished:
                 self._finish(status)

@@ -349,3 +349,33 @@ def test_a_server_whose_parent_finished_before_its_preloads_exits_quietly():
     out, err = server.communicate(timeout=60)
     assert server.returncode == 0, err
     assert err == "" and out == ""
+
+
+def test_the_io_thread_never_waits_for_an_exit_code_that_is_late(server):
+    # poll() waits a little for the exit code of a job whose pidfd fired (the stdlib's
+    # poll() reaps it at once); on the I/O thread it must not: the loop carries every
+    # job's messages and ends. Here the fork server is stopped, so the code is late.
+    from fiberrl._runtime.liveness import job_watch
+    import threading
+    proc = fiberrl.Process(target=time.sleep, args=(0.2,))
+    proc.start()
+    assert _forked(proc)
+    sentinel = proc.sentinel
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        assert wait([sentinel], timeout=30) == [sentinel]
+        took = []
+        done = threading.Event()
+
+        def poll_on_the_loop():
+            started = time.monotonic()
+            took.append((proc._popen.poll(), time.monotonic() - started))
+            done.set()
+
+        job_watch().reactor.call_soon(poll_on_the_loop)
+        assert done.wait(30)
+        assert took[0][0] is None and took[0][1] < 1.0, took
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    proc.join(30)
+    assert proc.exitcode == 0
