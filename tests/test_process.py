@@ -209,13 +209,16 @@ def test_a_local_jobs_sentinel_fires_at_its_exit_without_the_io_thread(tmp_path)
     deadline = time.monotonic() + 30
     while not closed.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
-    blocked = threading.Event()
-    job_watch().reactor.call_soon(lambda: (blocked.set(), time.sleep(5)))
-    assert blocked.wait(10)
-    started = time.monotonic()
-    assert wait([sentinel], timeout=30) == [sentinel]
-    assert time.monotonic() - started < 3.5, "the sentinel waited for the I/O thread"
-    assert proc.exitcode == 0   # as the stdlib's: known once the sentinel fired
+    blocked, release = threading.Event(), threading.Event()
+    job_watch().reactor.call_soon(lambda: (blocked.set(), release.wait(5)))
+    try:
+        assert blocked.wait(10)
+        started = time.monotonic()
+        assert wait([sentinel], timeout=30) == [sentinel]
+        assert time.monotonic() - started < 3.5, "the sentinel waited for the I/O thread"
+        assert proc.exitcode == 0   # as the stdlib's: known once the sentinel fired
+    finally:
+        release.set()   # (the next test must not find the I/O thread still blocked)
     proc.join(30)
     assert proc.exitcode == 0
 
