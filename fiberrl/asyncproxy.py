@@ -34,6 +34,7 @@ from typing import Any, Deque, Iterable, List, Optional
 
 from . import errors
 from ._sync.connections import open_connection
+from ._sync.proxies import refuse_if_server_ended
 from ._sync.proxies import AutoProxy
 from ._sync.serving import BaseManager, dispatch
 from .errors import ManagerConnectionError
@@ -143,6 +144,7 @@ class _Channel:
     def __init__(self, proxy: Any) -> None:
         token = proxy._token
         self.proxy = proxy
+        refuse_if_server_ended(proxy._manager, token.address)
         self.conn = open_connection(token.address, proxy._authkey, proxy._serializer)
         name = f"{threading.current_thread().name}|async"
         dispatch(self.conn, None, "accept_connection", (name,))

@@ -17,6 +17,8 @@ from fiberrl.asyncproxy import AsyncManager, asynchronous, gather
 from fiberrl._wire.sockets import unix_name as local_name
 from fiberrl.managers import BaseManager, open_connection
 
+import pool_helpers
+
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -132,6 +134,14 @@ def test_server_killed_mid_use_raises_a_clear_error():
     with pytest.raises(EOFError):  # what stdlib code catches keeps working
         shared["a"]
     assert time.monotonic() - started < 10
+    # once the owner knows its server's job ended, a call fails at once: it does not
+    # dial an address that may be a gone container's (no route to host: 3 s per call)
+    assert pool_helpers.wait_until(lambda: manager._process.exitcode is not None, 30)
+    started = time.monotonic()
+    for _ in range(3):
+        with pytest.raises(fiberrl.ManagerConnectionError, match="is gone"):
+            shared["a"]
+    assert time.monotonic() - started < 1.0
     manager.shutdown()
     manager.join(10)
 

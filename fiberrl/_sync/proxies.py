@@ -16,6 +16,7 @@ from multiprocessing import process as mp_process
 from typing import Any, Dict, Optional
 
 from . import loopback
+from ..errors import ManagerConnectionError
 from .connections import open_connection
 from .loopback import ClientFactory, direct_referent, serving_thread
 
@@ -43,6 +44,7 @@ class _FiberrlProxy:
         name = mp_process.current_process().name
         if threading.current_thread().name != "MainThread":
             name += "|" + threading.current_thread().name
+        refuse_if_server_ended(self._manager, self._token.address)
         conn = open_connection(self._token.address, self._authkey, self._serializer)
         conn.in_turn = True
         dispatch(conn, None, "accept_connection", (name,))
@@ -95,6 +97,18 @@ class _FiberrlProxy:
             _rebuild, (_auto, token, serializer, kwds) = reduced
             return mp_managers.RebuildProxy, (AutoProxy, token, serializer, kwds)
         return reduced
+
+
+def refuse_if_server_ended(manager: Any, address: Any) -> None:
+    """Raise :class:`ManagerConnectionError` at once if ``manager`` (the proxy's, in the
+    process that started its server) knows that the server's job has ended: dialling
+    the address of a container or host that is gone fails only after seconds (no
+    route to host), once per call."""
+    process = getattr(manager, "_process", None)
+    code = process.exitcode if process is not None else None
+    if code is not None:
+        raise ManagerConnectionError(f"the manager server at {address!r} is gone: its job "
+                                     f"ended (exit code {code})")
 
 
 def _fiberrl_proxy(stdlib_type: type, extra: Optional[dict] = None) -> type:
