@@ -141,6 +141,8 @@ def test_server_killed_mid_use_raises_a_clear_error():
     for _ in range(3):
         with pytest.raises(fiberrl.ManagerConnectionError, match="is gone"):
             shared["a"]
+    with pytest.raises(fiberrl.ManagerConnectionError, match="is gone"):
+        manager.dict()
     assert time.monotonic() - started < 1.0
     manager.shutdown()
     manager.join(10)

@@ -35,7 +35,8 @@ from .loopback import servers as _servers, servers_lock as _servers_lock
 from .proxies import (AcquirerProxy, ArrayProxy, AutoProxy, BarrierProxy, BaseListProxy,
                       BasePoolProxy, BaseProxy, ConditionProxy, DictProxy, EventProxy,
                       IteratorProxy, ListProxy, MakeProxyType, NamespaceProxy, PoolProxy,
-                      SemaphoreProxy, ValueProxy, as_fiberrl_proxy_type)
+                      SemaphoreProxy, ValueProxy, as_fiberrl_proxy_type,
+                      refuse_if_server_ended)
 
 logger = logging.getLogger(__name__)
 
@@ -336,6 +337,12 @@ class BaseManager(mp_managers.BaseManager):
             raise ProcessError("Manager has shut down")
         if self._state.value != State.INITIAL:
             raise ProcessError(f"Unknown state {self._state.value!r}")
+
+    def _create(self, typeid: str, /, *args: Any, **kwds: Any) -> Any:
+        """Create a ``typeid`` object on the server (the stdlib's), refused at once if
+        the server's job is known to have ended."""
+        refuse_if_server_ended(self, self._address)
+        return super()._create(typeid, *args, **kwds)
 
     def get_server(self) -> Server:
         """A server object (with ``serve_forever()`` and ``address``) in this process."""
