@@ -87,10 +87,10 @@ def test_the_spin_follows_the_runnable_threads(fake_loadavg):
     cpus = spin.usable_cpus()
     fake_loadavg(cpus)          # every runnable thread (this one too) has a CPU
     assert spin.core_to_spare()
-    assert spin.should_spin(0.0, 50e-6)
+    assert spin.SpinGate().should_spin(50e-6)
     fake_loadavg(cpus + 1)      # one more than the CPUs: a spin would take a neighbour's core
     assert not spin.core_to_spare()
-    assert not spin.should_spin(0.0, 50e-6)
+    assert not spin.SpinGate().should_spin(50e-6)
     fake_loadavg(1)
     assert spin.core_to_spare()
 
@@ -107,14 +107,36 @@ def test_a_reading_is_reused_for_a_moment_then_taken_again(fake_loadavg):
     assert spin.runnable_readings() > readings
 
 
-def test_no_spin_without_the_machines_state_or_with_a_slow_peer(fake_loadavg, tmp_path,
+def test_no_spin_without_the_machines_state_or_when_configured_off(fake_loadavg, tmp_path,
                                                                  monkeypatch):
     fake_loadavg(1)
-    assert not spin.should_spin(1.0, 50e-6)   # the last wait took 1 s: a slow peer
-    assert not spin.should_spin(0.0, 0.0)     # spinning configured off
+    assert not spin.SpinGate().should_spin(0.0)   # spinning configured off
     monkeypatch.setattr(spin, "_LOADAVG", str(tmp_path / "missing"))
     monkeypatch.setattr(spin, "_runnable", spin._RunnableThreads())
     assert not spin.core_to_spare()           # unknown state: sleep, as the stdlib does
+
+
+def test_spins_that_catch_nothing_back_off_and_a_catch_brings_them_back(fake_loadavg):
+    """A spin that caught nothing cost its budget for nothing (a peer slower than the
+    spin: an env worker waiting for the next step while the parent computes): the
+    waiter skips the spin for its next 1, 2, 4, ... 64 waits, trying again between."""
+    fake_loadavg(1)
+    gate = spin.SpinGate()
+    skipped = []
+    for _ in range(9):
+        assert gate.should_spin(50e-6)
+        gate.spun(False)
+        skipped.append(gate.skip)
+        while gate.skip:
+            assert not gate.should_spin(50e-6)
+    assert skipped == [1, 2, 4, 8, 16, 32, 64, 64, 64]
+    assert gate.should_spin(50e-6)
+    gate.spun(True)                  # caught: every wait spins again
+    for _ in range(3):
+        assert gate.should_spin(50e-6)
+        gate.spun(True)
+    gate.spun(False)
+    assert gate.skip == 1            # and a new miss starts the back-off from the start
 
 
 def test_a_cgroup_cpu_quota_caps_the_usable_cpus(tmp_path):

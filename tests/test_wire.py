@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from fiberrl._runtime.runtime import runtime
+from fiberrl._wire import spin
 from fiberrl._wire.auth import Signer
 from fiberrl._wire.framing import encode
-from fiberrl._wire.spin import worth_spinning
 from fiberrl._wire.stream import Channel, NotHereError, open_stream
 from fiberrl.errors import AuthenticationError
 
@@ -151,10 +151,12 @@ def test_streams_on_one_host_use_the_unix_socket(served):
     channels.get(timeout=10).close()
 
 
-def test_a_spinning_stream_still_sleeps_and_times_out_and_gets_late_replies(served):
+def test_a_spinning_stream_still_sleeps_and_times_out_and_gets_late_replies(served, monkeypatch):
     """recv spins briefly for a prompt reply (issue 20's manager latency), but a wait
     with a timeout still ends on time, a reply that comes after the spin still
-    arrives, and a slow peer switches the spin off until replies are prompt again."""
+    arrives, and a spin that caught nothing makes the next waits sleep at once until
+    a spin catches its reply again (fiberrl._wire.spin.SpinGate)."""
+    monkeypatch.setattr(spin._runnable, "spare", lambda: True)   # a core to spare
     address, channels = served
     stream = open_stream(address, "test-wire")
     stream.spin = 0.002
@@ -162,11 +164,12 @@ def test_a_spinning_stream_still_sleeps_and_times_out_and_gets_late_replies(serv
     started = time.perf_counter()
     assert stream.recv(timeout=0.05) is None
     assert 0.04 <= time.perf_counter() - started < 2.0
+    assert stream._spin_gate.skip == 1   # its spin caught nothing: the next wait sleeps
     threading.Timer(0.1, channel.send, (b"x", [b"late"])).start()
     assert stream.recv(timeout=10) == (b"x", [b"late"])
-    assert not worth_spinning(stream._last_wait, stream.spin)   # ~0.1 s: a slow peer
-    channel.send(b"x", [b"prompt"])
+    assert stream._spin_gate.skip == 0
+    channel.send(b"x", [b"prompt"])     # the next wait spins again, and catches it
     assert stream.recv(timeout=10) == (b"x", [b"prompt"])
-    assert worth_spinning(stream._last_wait, stream.spin)
+    assert stream._spin_gate.skip == 0
     stream.close()
     channel.close()

@@ -45,7 +45,7 @@ from .._runtime.runtime import Runtime, existing_service, service
 from .._wire.auth import Verifier
 from .._wire.framing import SMALL, FrameReader, Message
 from .._wire.sockets import Address
-from .._wire.spin import should_spin, spin_budget, spin_for
+from .._wire.spin import SpinGate, spin_budget, spin_for
 from .._wire.stream import Stream, open_stream
 from ..errors import ForgedMessageError
 
@@ -95,7 +95,7 @@ class Inbox:
 
     def __init__(self) -> None:
         self._spin = spin_budget()
-        self._last_wait = 0.0   # seconds the last wait that brought messages took
+        self._spin_gate = SpinGate()
         self._epoll = select.epoll()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -171,12 +171,11 @@ class Inbox:
         Returns ``(stream_dropped, outbox_broke)``: a sender's stream ended, or the
         watched outbox did (either may mean the peer is gone: ask the rendezvous).
         """
-        started = time.perf_counter()
         held = self._held
-        if held or timeout <= 0 or not should_spin(self._last_wait, self._spin):
+        if held or timeout <= 0 or not self._spin_gate.should_spin(self._spin):
             events = self._epoll.poll(0.0 if held else timeout)
         else:
-            events = self._spin_then_poll(timeout, started)
+            events = self._spin_then_poll(timeout)
         if not held:
             if not events:
                 return False, False
@@ -191,7 +190,6 @@ class Inbox:
                         self._stream_ended(fd, exc)
                         return True, False
                     if messages:
-                        self._last_wait = time.perf_counter() - started
                         for kind, frames in messages:
                             into.append((kind, unstamped(frames)))
                     return False, False
@@ -214,7 +212,6 @@ class Inbox:
                     self._poke()   # fileno() stays readable while messages wait here
             items = ready
         if items:
-            self._last_wait = time.perf_counter() - started
             into.extend(message for _, message in items)
         return dropped, broke
 
@@ -253,9 +250,10 @@ class Inbox:
             logger.warning("dropped a pipe stream: %s", exc)
         self._drop(fd)
 
-    def _spin_then_poll(self, timeout: float, started: float) -> List[Tuple[int, int]]:
+    def _spin_then_poll(self, timeout: float) -> List[Tuple[int, int]]:
         """The epoll set's events within ``timeout`` s, polling without sleeping for the
         spin first (:mod:`fiberrl._wire.spin`)."""
+        started = time.perf_counter()
         poll = self._epoll.poll
         found: List[Tuple[int, int]] = []
 
@@ -263,7 +261,9 @@ class Inbox:
             found.extend(poll(0))
             return bool(found)
 
-        if spin_for(arrived, min(self._spin, timeout)):
+        caught = spin_for(arrived, min(self._spin, timeout))
+        self._spin_gate.spun(caught)
+        if caught:
             return found
         return poll(max(0.0, timeout - (time.perf_counter() - started)))
 

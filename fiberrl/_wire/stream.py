@@ -28,7 +28,7 @@ from .auth import (NONCE_BYTES, PROOF_BYTES, Signer, Verifier, fresh_nonce, proo
 from .framing import (FrameReader, Message, drop_written, encode, encode_one, first_pieces,
                       write_all)
 from .sockets import Address, connect, recv_exact, tune
-from .spin import should_spin, spin_for
+from .spin import SpinGate, spin_for
 
 OK, REFUSED, NOT_HERE = b"\x01", b"\x02", b"\x03"
 SETUP_TIMEOUT = 10.0
@@ -157,7 +157,7 @@ class Stream(_Authenticated):
                  initial: bytes = b"", spin: float = 0.0) -> None:
         super().__init__(sock, send_key, recv_key, initial)
         self.spin = spin
-        self._last_wait = 0.0   # seconds the last recv that had to wait waited
+        self._spin_gate = SpinGate()
         self._pending: List[Message] = self._reader.pending()
         self._send_lock = threading.Lock()
         # made once: a poll object per wait would cost more than the wait's syscall
@@ -205,16 +205,15 @@ class Stream(_Authenticated):
         """
         if self._pending:
             return self._pending.pop(0)
-        started = time.perf_counter()
-        if timeout != 0 and should_spin(self._last_wait, self.spin):
-            spin_for(self._spin_read, self.spin if timeout is None else min(self.spin, timeout))
+        if timeout != 0 and self._spin_gate.should_spin(self.spin):
+            self._spin_gate.spun(spin_for(
+                self._spin_read, self.spin if timeout is None else min(self.spin, timeout)))
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._pending:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not self._wait(wait):
                 return None
             self._pending.extend(self._reader.read())
-        self._last_wait = time.perf_counter() - started
         return self._pending.pop(0)
 
     def _spin_read(self) -> bool:
