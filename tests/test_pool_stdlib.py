@@ -86,3 +86,24 @@ def test_resource_warning_for_running_pool_collected():
 def test_thread_pool():
     with fiberrl.pool.ThreadPool(2) as pool:
         assert pool.map(abs, [-1, -2, 3]) == [1, 2, 3]
+
+
+def _square(x):
+    return x * x
+
+
+def test_a_replaced_workers_object_stays_usable():
+    # the stdlib's pool never closes its workers: code holding ``pool._pool`` (CPython's
+    # test_pool_worker_lifetime) asks is_alive() of one that has ended meanwhile
+    import time
+    with fiberrl.Pool(1, maxtasksperchild=1) as pool:
+        first = pool._pool[0]
+        assert pool.apply(_square, (3,)) == 9   # its one task: it exits, and is replaced
+        deadline = time.monotonic() + 60
+        while first in pool._pool and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert first not in pool._pool
+        time.sleep(0.5)   # (the supervisor's clean-up after a worker's end)
+        assert not first.is_alive()
+        assert first.exitcode == 0
+        assert pool.apply(_square, (4,)) == 16

@@ -32,6 +32,7 @@ import secrets
 import signal
 import threading
 import time
+from multiprocessing import process as _mp_process
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..errors import JobFailedError
@@ -223,10 +224,7 @@ class Supervisor:
         if process.exitcode is None:
             self.unreaped.append(process)
             return
-        try:
-            process.close()
-        except ValueError:
-            pass
+        _forget(process)
 
     def _start_failed(self, record: WorkerRecord, how: str) -> None:
         try:
@@ -257,10 +255,7 @@ class Supervisor:
         for process in list(self.unreaped):
             if process.exitcode is not None:
                 self.unreaped.remove(process)
-                try:
-                    process.close()
-                except ValueError:
-                    pass
+                _forget(process)
         # every worker starting or stopping, and each connected one once per CONNECTED_POLL
         for record in self.roster.to_poll(POLL / CONNECTED_POLL):
             if record.lost_at is not None:
@@ -389,9 +384,17 @@ class Supervisor:
         deadline = time.monotonic() + 10.0
         for record in self.roster:
             record.process.join(max(0.1, deadline - time.monotonic()))
-            try:
-                record.process.close()
-            except ValueError:
+            if record.process.exitcode is None:
                 logger.warning("pool worker %d (job %s) did not exit after SIGKILL", record.id,
                                record.process.job_id)
+            else:
+                _forget(record.process)
         self.roster.clear()
+
+
+def _forget(process: Process) -> None:
+    """Drop an ended worker from the stdlib's set of children, as ``close()`` would,
+    but leave its object usable: as the stdlib's pool, this pool never closes its
+    workers, whose objects callers may still hold (``pool._pool``) and ask
+    ``is_alive()``. Its descriptors, if any were made, go with the object."""
+    _mp_process._children.discard(process)
