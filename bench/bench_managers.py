@@ -45,12 +45,11 @@ import multiprocessing
 import multiprocessing.managers
 import os
 import platform
-import signal
 import statistics
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
@@ -60,6 +59,7 @@ import numpy as np  # noqa: E402
 import fiberrl  # noqa: E402
 import fiberrl.managers  # noqa: E402
 from fiberrl.asyncproxy import AsyncManager, AsyncProxy, gather  # noqa: E402
+from time_limits import deadline  # noqa: E402
 
 log = logging.getLogger("bench_managers")
 
@@ -114,25 +114,6 @@ FiberAsyncEnvManager.register("CartPole", RemoteCartPole, exposed=ENV_METHODS)
 
 
 # -- timing helpers -----------------------------------------------------------------------
-class BenchTimeout(Exception):
-    """A measure ran past its time budget."""
-
-
-@contextlib.contextmanager
-def deadline(seconds: float, what: str) -> Iterator[None]:
-    """Raise BenchTimeout in the main thread if the block runs over ``seconds``."""
-    def expire(signum: int, frame: Any) -> None:
-        raise BenchTimeout(f"{what} took over {seconds:.0f} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def time_ops(op: Callable[[], Any], n: int, warmup: int = 50) -> List[float]:
     """Seconds taken by each of ``n`` calls of ``op`` (after ``warmup`` untimed ones)."""
     for _ in range(warmup):

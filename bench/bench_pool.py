@@ -41,7 +41,8 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import psutil  # noqa: E402
 
 import fiberrl  # noqa: E402
-from pool_bench_kit import WAIT_S, deadline, nap, open_pool, shutdown  # noqa: E402
+from pool_bench_kit import WAIT_S, nap, open_pool, shutdown  # noqa: E402
+from time_limits import deadline  # noqa: E402
 from pool_es import es_big_setup, es_setup, m_es_broadcast, m_es_loop  # noqa: E402
 
 log = logging.getLogger("bench_pool")

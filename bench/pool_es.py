@@ -37,22 +37,34 @@ def es_update(params, seeds, scores):
     return params + np.float32(ES_LR / (len(seeds) * ES_SIGMA)) * grad
 
 
+def serial_times(evaluate, params, reps, samples):
+    """Seconds each of ``samples`` serial calls ``evaluate(params, seed, reps)`` took."""
+    timings = []
+    for seed in range(samples):
+        started = time.perf_counter()
+        evaluate(params, seed, reps)
+        timings.append(time.perf_counter() - started)
+    return timings
+
+
+def calibrate(evaluate, params, target_s, samples, probe_reps):
+    """The ``reps`` that make ``evaluate(params, seed, reps)`` take ``target_s`` serially
+    here, from the minimum of ``samples`` timings (the cost without the noise of a
+    shared machine) at 0 and ``probe_reps``; returns (reps, base, min, median) seconds
+    at those reps (base: at 0)."""
+    def per_task(reps, stat=min):
+        return stat(serial_times(evaluate, params, reps, samples))
+
+    base = per_task(0)
+    per_rep = max((per_task(probe_reps) - base) / probe_reps, 1e-7)
+    reps = max(0, round((target_s - base) / per_rep))
+    return reps, base, per_task(reps), per_task(reps, statistics.median)
+
+
 def es_setup(quick):
     """Calibrate es_eval's ``reps`` to ~2 ms serially here; returns (kwargs, note)."""
-    params = np.zeros(ES_DIM, np.float32)
-
-    def per_task(reps, stat=min):
-        samples = []
-        for seed in range(30):
-            started = time.perf_counter()
-            es_eval(params, seed, reps)
-            samples.append(time.perf_counter() - started)
-        return stat(samples)
-
-    base = per_task(0)  # the minimum: the cost without the noise of a shared machine
-    per_rep = max((per_task(200) - base) / 200, 1e-7)
-    reps = max(0, round((ES_TASK_S - base) / per_rep))
-    best, median = per_task(reps), per_task(reps, statistics.median)
+    reps, _, best, median = calibrate(es_eval, np.zeros(ES_DIM, np.float32), ES_TASK_S,
+                                      samples=30, probe_reps=200)
     note = (f"es task measured serially: min {best * 1e3:.2f} ms, "
             f"median {median * 1e3:.2f} ms (reps={reps})")
     return {"reps": reps, "task_s": median}, note
@@ -97,20 +109,8 @@ def es_big_eval(params, seed, reps):
 
 def es_big_setup(quick):
     """Calibrate es_big_eval's ``reps`` to ~20 ms serially here; returns (kwargs, note)."""
-    params = np.ones(BIG_DIM, np.float32)
-
-    def per_task(reps, stat=min):
-        samples = []
-        for seed in range(9):
-            started = time.perf_counter()
-            es_big_eval(params, seed, reps)
-            samples.append(time.perf_counter() - started)
-        return stat(samples)
-
-    base = per_task(0)
-    per_rep = max((per_task(400) - base) / 400, 1e-7)
-    reps = max(0, round((BIG_TASK_S - base) / per_rep))
-    best, median = per_task(reps), per_task(reps, statistics.median)
+    reps, base, best, median = calibrate(es_big_eval, np.ones(BIG_DIM, np.float32),
+                                         BIG_TASK_S, samples=9, probe_reps=400)
     return {"reps": reps, "task_s": median}, (
         f"es_broadcast task measured serially: min {best * 1e3:.1f} ms, median "
         f"{median * 1e3:.1f} ms (reps={reps}; reading the vector alone {base * 1e3:.1f} ms)")
@@ -123,12 +123,7 @@ def m_es_broadcast(lib, quick, reps, task_s):
     just before each loop, so that the ideal follows the machine's load."""
     iterations = 3 if quick else 5
     params = np.ones(BIG_DIM, np.float32)
-    serial = []
-    for seed in range(5):
-        started = time.perf_counter()
-        es_big_eval(params, seed, reps)
-        serial.append(time.perf_counter() - started)
-    task_s = statistics.median(serial)
+    task_s = statistics.median(serial_times(es_big_eval, params, reps, samples=5))
     mapping = 0.0
     with open_pool(lib, 2) as pool:
         started = time.perf_counter()
