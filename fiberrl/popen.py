@@ -23,7 +23,6 @@ import logging
 import os
 import pickle
 import secrets
-import select
 import sys
 import threading
 import time
@@ -38,6 +37,7 @@ from ._runtime.jobenv import (JOB_ENV, PARENT_ENV, TOKEN_ENV, address_env, shipp
 from ._runtime.liveness import job_watch
 from ._services.spawn import spawn_service
 from ._wire.auth import secret_env
+from ._wire.sockets import wait_for
 from .backends import JobSpec, JobState, default_backend
 from .backends.base import RUN_ENV, run_id
 from .config import INHERITED_ENV, get_config, is_explicit
@@ -277,6 +277,11 @@ class Popen:
             os.close(fd)
 
     @property
+    def known_ended(self) -> bool:
+        """Whether this process already knows the job has ended (asks no backend)."""
+        return self.returncode is not None or self._ended.is_set()
+
+    @property
     def known_pid(self) -> Optional[int]:
         """The job's pid if it is known yet (never waits, unlike :attr:`pid`)."""
         return self._pid
@@ -298,14 +303,7 @@ class Popen:
     def _exited(self) -> bool:
         """Whether the job's pidfd sentinel (if one was made) says its process exited."""
         fd = self._sentinel
-        if fd is None or not self._sentinel_is_pidfd:
-            return False
-        poller = select.poll()   # (not select(): descriptors may be above 1024)
-        try:
-            poller.register(fd, select.POLLIN)
-            return bool(poller.poll(0))
-        except (OSError, ValueError):
-            return False
+        return fd is not None and self._sentinel_is_pidfd and wait_for(fd, timeout=0)
 
     def _finish(self, status) -> None:
         with self._lock:

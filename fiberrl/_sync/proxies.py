@@ -101,14 +101,16 @@ class _FiberrlProxy:
 
 def refuse_if_server_ended(manager: Any, address: Any) -> None:
     """Raise :class:`ManagerConnectionError` at once if ``manager`` (the proxy's, in the
-    process that started its server) knows that the server's job has ended: dialling
-    the address of a container or host that is gone fails only after seconds (no
-    route to host), once per call."""
-    process = getattr(manager, "_process", None)
-    code = process.exitcode if process is not None else None
-    if code is not None:
-        raise ManagerConnectionError(f"the manager server at {address!r} is gone: its job "
-                                     f"ended (exit code {code})")
+    process that started its server) already knows that the server's job has ended:
+    dialling the address of a container or host that is gone fails only after seconds
+    (no route to host), once per call. Asks no backend (a Docker or Slurm status query
+    per call would cost more than the call)."""
+    popen = getattr(getattr(manager, "_process", None), "_popen", None)
+    if popen is not None and popen.known_ended:
+        code = popen.returncode
+        raise ManagerConnectionError(
+            f"the manager server at {address!r} is gone: its job ended"
+            + ("" if code is None else f" (exit code {code})"))
 
 
 def _fiberrl_proxy(stdlib_type: type, extra: Optional[dict] = None) -> type:
