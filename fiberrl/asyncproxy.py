@@ -34,8 +34,7 @@ from typing import Any, Deque, Iterable, List, Optional
 
 from . import errors
 from ._sync.connections import open_connection
-from ._sync.proxies import refuse_if_server_ended
-from ._sync.proxies import AutoProxy
+from ._sync.proxies import AutoProxy, refuse_if_server_ended
 from ._sync.serving import BaseManager, dispatch
 from .errors import ManagerConnectionError
 

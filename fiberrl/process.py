@@ -24,7 +24,6 @@ ORIGINAL_DIR = _mp_process.ORIGINAL_DIR
 __all__ = ["BaseProcess", "Process", "current_process", "active_children", "parent_process"]
 
 
-
 _cleanup_at = {"size": 64}   # the number of children at which start() looks for ended ones
 
 
