@@ -1,9 +1,9 @@
 """The one serialization seam of fiberrl.
 
 Objects become a list of frames: ``[pickle_stream, buffer_1, buffer_2, ...]``.
-Pickle protocol 5 hands large contiguous buffers (numpy arrays, ``bytearray``, the
-storages of CPU torch tensors: :mod:`fiberrl.reduction_torch`) to a callback instead
-of copying them into the stream, so they travel as out-of-band frames of the wire and
+Pickle protocol 5 hands large contiguous buffers (numpy arrays, ``PickleBuffer``
+objects, the storages of CPU torch tensors: :mod:`fiberrl.reduction_torch`) to a
+callback instead of copying them into the stream, so they travel as out-of-band frames of the wire and
 are rebuilt without a copy.
 
 Plain data (bytes, str, numbers, numpy arrays) goes through the C pickler; anything
@@ -39,49 +39,82 @@ Frames = List[Union[bytes, memoryview, pickle.PickleBuffer]]
 OUT_OF_BAND_MIN_BYTES = 64 * 1024
 
 _PLAIN_TYPES = frozenset((bytes, bytearray, str, int, float, bool, type(None), complex))
-#: pickled in-band whatever their size (bytearray is left out: pickle 5 can send it out of band)
+#: pickled in-band whatever their size (so is ``bytearray``: pickle 5 writes it in-band too,
+#: only ``PickleBuffer`` objects reach the buffer callback)
 _SCALAR_TYPES = frozenset((bytes, str, int, float, bool, type(None), complex))
 
 
-def _is_plain_numpy(obj: Any) -> bool:
-    """A numpy scalar, or an array without Python objects inside (numpy's own types: a
-    subclass from the user's code may need cloudpickle; numpy is not imported here)."""
-    kind = type(obj)
+#: numpy types seen so far: 1 for a scalar type, 2 for an array type whose instances
+#: may hand pickle buffers to keep out of band, 0 for a type that is not plain data
+_NUMPY_KINDS: dict = {}
+_NOT_PLAIN, _SCALAR, _MAY_HOLD_BUFFERS = 0, 1, 2
+
+
+def _numpy_kind(kind: type) -> int:
+    """What a numpy type is for pickling (numpy's own types only: a subclass from the
+    user's code may need cloudpickle; numpy is not imported here)."""
     if kind.__module__ != "numpy":
-        return False
-    return kind.__name__ != "ndarray" or not obj.dtype.hasobject
+        return _NOT_PLAIN
+    if any(base.__name__ == "generic" and base.__module__ == "numpy" for base in kind.__mro__):
+        return _SCALAR   # np.int64, np.float32, np.bool_...: reduced without a buffer
+    return _MAY_HOLD_BUFFERS
+
+
+def _is_plain_numpy(obj: Any) -> bool:
+    """A numpy scalar, or an array without Python objects inside."""
+    kind = type(obj)
+    found = _NUMPY_KINDS.get(kind)
+    if found is None:
+        found = _NUMPY_KINDS[kind] = _numpy_kind(kind)
+    if found == _MAY_HOLD_BUFFERS:
+        return not obj.dtype.hasobject
+    return found == _SCALAR
 
 
 def _is_plain(obj: Any, budget: int = 64) -> bool:
     """True for data the C pickler handles alone: built-in scalars, numpy scalars and
     plain arrays, and small tuples, lists and dicts of them (at most ``budget`` items
     looked at)."""
-    return _plain_within(obj, [budget])
+    return _plain_kind(obj, budget) != _NOT_PLAIN
 
 
-def _plain_within(obj: Any, budget: list) -> bool:
+def _plain_kind(obj: Any, budget: int = 64) -> int:
+    """0 when ``obj`` is not plain data (see :func:`_is_plain`); 2 when it is and holds
+    a numpy array (whose data pickle may hand out of band); 1 when it is and holds
+    nothing of the kind, so pickling needs no buffer callback."""
+    state = [budget, _SCALAR]
+    return state[1] if _plain_within(obj, state) else _NOT_PLAIN
+
+
+def _plain_within(obj: Any, state: list) -> bool:
+    """Whether ``obj`` is plain data; ``state`` is ``[items left to look at, kind so
+    far]``, the kind raised to 2 on the first array."""
     kind = type(obj)
     if kind in _PLAIN_TYPES:
         return True
     if kind is tuple or kind is list:
-        budget[0] -= len(obj)
-        if budget[0] < 0:
+        state[0] -= len(obj)
+        if state[0] < 0:
             return False
         for item in obj:
-            if type(item) not in _PLAIN_TYPES and not _plain_within(item, budget):
+            if type(item) not in _PLAIN_TYPES and not _plain_within(item, state):
                 return False
         return True
     if kind is dict:
-        budget[0] -= 2 * len(obj)
-        if budget[0] < 0:
+        state[0] -= 2 * len(obj)
+        if state[0] < 0:
             return False
         for key, value in obj.items():
             if type(key) not in _PLAIN_TYPES:
                 return False
-            if type(value) not in _PLAIN_TYPES and not _plain_within(value, budget):
+            if type(value) not in _PLAIN_TYPES and not _plain_within(value, state):
                 return False
         return True
-    return _is_plain_numpy(obj)
+    if not _is_plain_numpy(obj):
+        return False
+    if _NUMPY_KINDS[kind] == _MAY_HOLD_BUFFERS:
+        state[1] = _MAY_HOLD_BUFFERS
+    return True
 
 
 _DYNAMIC_CODE = "<dynamic-code>"
@@ -185,9 +218,10 @@ def dumps(obj: Any) -> Frames:
     kind = type(obj)
     if kind in _SCALAR_TYPES:  # the common small message: no buffers to keep out
         return [pickle.dumps(obj, protocol=5)]
-    if (kind is list or kind is tuple) and len(obj) <= 8 \
-            and _SCALAR_TYPES.issuperset(map(type, obj)):
-        return [pickle.dumps(obj, protocol=5)]   # a chunk or arguments of a few scalars
+    plain = _plain_kind(obj)
+    if plain == _SCALAR:   # plain data with nothing to keep out of band: a chunk of
+        # scalars, arguments, a step command, an env's reply
+        return [pickle.dumps(obj, protocol=5)]
     buffers: Frames = []
 
     def keep_out_of_band(buf: pickle.PickleBuffer) -> bool:
@@ -197,7 +231,7 @@ def dumps(obj: Any) -> Frames:
         buffers.append(view)
         return False
 
-    if _is_plain(obj):
+    if plain:
         stream = pickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
     else:
         stream = _cloudpickle(obj, keep_out_of_band)

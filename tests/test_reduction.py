@@ -37,3 +37,21 @@ def test_large_arrays_travel_out_of_band_and_other_objects_by_cloudpickle():
     assert (reduction.loads(frames)["big"] == big).all()
     square = reduction.loads(reduction.dumps(lambda x: x * x))   # by value
     assert square(3) == 9
+
+
+def test_plain_data_without_arrays_needs_no_buffer_callback():
+    # an env's reply and a step command: nothing in them can be kept out of band
+    for obj in (((None, 1.0, False, False, {}), True), ("step", np.int64(1)), {"k": [1, "a"]}):
+        assert reduction._plain_kind(obj) == reduction._SCALAR, obj
+    assert reduction._plain_kind({"buf": bytearray(4)}) == reduction._SCALAR  # pickled in-band
+    for obj in ((np.zeros(3), 1), {"obs": np.ones(2)}, [np.float32(1), np.ones(2)]):
+        assert reduction._plain_kind(obj) == reduction._MAY_HOLD_BUFFERS, obj
+    assert reduction._plain_kind([lambda: 1]) == reduction._NOT_PLAIN
+
+
+def test_a_large_array_in_plain_data_still_travels_out_of_band():
+    big = np.arange(50_000, dtype=np.float64)
+    frames = reduction.dumps(("obs", (1.0, [big])))
+    assert len(frames) == 2 and memoryview(frames[1]).nbytes == big.nbytes
+    back = reduction.loads(frames)
+    assert back[0] == "obs" and (back[1][1][0] == big).all()
