@@ -1,0 +1,119 @@
+"""Where a small pipe message's CPU goes, loaded or idle: the floor, the stdlib, fiberrl.
+
+    python bench/bench_pipe_cpu.py [--rounds R] [--load N]
+
+The ping-pong of ``bench_core.py`` (64 bytes each way, ``send_bytes``/``recv_bytes``),
+CPU of both ends per round trip and the mean round trip, side by side:
+
+- ``raw``: two forked processes calling ``send``/``recv`` on a socket pair: what the
+  kernel and two interpreters cost before any library code (the floor);
+- the stdlib's ``fork``, ``forkserver`` (Python 3.14's default on Linux) and ``spawn``
+  contexts: one code path, processes made three ways;
+- fiberrl.
+
+Medians of R interleaved rounds (one round on a 2-core VM swings by 2-3x). Run it
+idle and with ``--load $(nproc)``. A measurement, not a test.
+"""
+import argparse
+import functools
+import multiprocessing
+import os
+import socket
+import statistics
+import time
+
+import fiberrl
+from machine_load import add_load_option, cpu_load, cpu_seconds, describe
+
+PAYLOAD = b"x" * 64
+
+
+def _raw_echo(sock, n, report):
+    started = cpu_seconds()
+    for _ in range(n):
+        sock.send(sock.recv(4096))
+    os.write(report, repr(cpu_seconds() - started).encode())
+
+
+def raw_round_trips(rounds=2000):
+    """The floor: two forked processes, bare ``send``/``recv`` on a socket pair."""
+    ours, theirs = socket.socketpair()
+    report_r, report_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # pragma: no cover - the child
+        ours.close()
+        _raw_echo(theirs, rounds + 200, report_w)
+        os._exit(0)
+    theirs.close()
+    for _ in range(200):
+        ours.send(PAYLOAD)
+        ours.recv(4096)
+    cpu, started = cpu_seconds(), time.perf_counter()
+    for _ in range(rounds):
+        ours.send(PAYLOAD)
+        ours.recv(4096)
+    wall = time.perf_counter() - started
+    cpu = cpu_seconds() - cpu
+    os.waitpid(pid, 0)
+    cpu += float(os.read(report_r, 64)) * rounds / (rounds + 200)
+    for fd in (report_r, report_w):
+        os.close(fd)
+    ours.close()
+    return wall / rounds * 1e6, cpu / rounds * 1e6
+
+
+def _echo(conn, n):
+    started = cpu_seconds()
+    for _ in range(n):
+        conn.send_bytes(conn.recv_bytes())
+    conn.send(cpu_seconds() - started)
+
+
+def round_trips(lib, rounds=2000):
+    """(mean round trip in us, CPU of both ends per round trip in us)."""
+    a, b = lib.Pipe()
+    proc = lib.Process(target=_echo, args=(b, rounds + 200))
+    proc.start()
+    for _ in range(200):
+        a.send_bytes(PAYLOAD)
+        a.recv_bytes()
+    cpu, started = cpu_seconds(), time.perf_counter()
+    for _ in range(rounds):
+        a.send_bytes(PAYLOAD)
+        a.recv_bytes()
+    wall = time.perf_counter() - started
+    cpu = cpu_seconds() - cpu + a.recv() * rounds / (rounds + 200)
+    proc.join()
+    return wall / rounds * 1e6, cpu / rounds * 1e6
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
+    add_load_option(parser)
+    args = parser.parse_args()
+    print(describe(args.load))
+    measures = {"raw": raw_round_trips}
+    for method in ("fork", "forkserver", "spawn"):
+        measures[method] = functools.partial(round_trips, multiprocessing.get_context(method))
+    measures["fiberrl"] = functools.partial(round_trips, fiberrl)
+    results = {name: [] for name in measures}
+    with cpu_load(args.load):
+        for _ in range(args.rounds):
+            for name, measure in measures.items():
+                results[name].append(measure())
+    cpu = {name: statistics.median(c for _, c in runs) for name, runs in results.items()}
+    print(f"ping-pong of {len(PAYLOAD)} B, medians of {args.rounds} interleaved rounds")
+    for name, runs in results.items():
+        wall = statistics.median(w for w, _ in runs)
+        print(f"{name:11} round trip {wall:7.1f} us   CPU both ends {cpu[name]:6.1f} us   "
+              f"runs {' '.join(f'{c:.0f}' for _, c in runs)}")
+    print(f"CPU per round trip: fiberrl / stdlib fork {cpu['fiberrl'] / cpu['fork']:.2f}x "
+          "(target <= 1.5), "
+          f"fiberrl / stdlib forkserver {cpu['fiberrl'] / cpu['forkserver']:.2f}x; "
+          f"above the floor: stdlib fork {cpu['fork'] - cpu['raw']:+.1f} us, "
+          f"fiberrl {cpu['fiberrl'] - cpu['raw']:+.1f} us")
+
+
+if __name__ == "__main__":
+    main()
