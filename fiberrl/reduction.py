@@ -44,31 +44,35 @@ _PLAIN_TYPES = frozenset((bytes, bytearray, str, int, float, bool, type(None), c
 _SCALAR_TYPES = frozenset((bytes, str, int, float, bool, type(None), complex))
 
 
-#: numpy types seen so far: 1 for a scalar type, 2 for an array type whose instances
-#: may hand pickle buffers to keep out of band, 0 for a type that is not plain data
+#: numpy types seen so far, by what they are for pickling (see :func:`_numpy_kind`)
 _NUMPY_KINDS: dict = {}
-_NOT_PLAIN, _SCALAR, _MAY_HOLD_BUFFERS = 0, 1, 2
+_NOT_PLAIN, _SCALAR, _MAY_HOLD_BUFFERS, _ARRAY = 0, 1, 2, 3
 
 
 def _numpy_kind(kind: type) -> int:
-    """What a numpy type is for pickling (numpy's own types only: a subclass from the
-    user's code may need cloudpickle; numpy is not imported here)."""
+    """What a type is for pickling, if it is one of numpy's own (a subclass from the
+    user's code may need cloudpickle; numpy is not imported here): :data:`_SCALAR`
+    for a scalar type (``np.int64``...: reduced without a buffer), :data:`_ARRAY` for
+    an array type (plain unless its items are Python objects), :data:`_MAY_HOLD_BUFFERS`
+    for numpy's other types (a ufunc, ``finfo``...), :data:`_NOT_PLAIN` for the rest."""
     if kind.__module__ != "numpy":
         return _NOT_PLAIN
-    if any(base.__name__ == "generic" and base.__module__ == "numpy" for base in kind.__mro__):
-        return _SCALAR   # np.int64, np.float32, np.bool_...: reduced without a buffer
-    return _MAY_HOLD_BUFFERS
+    names = {base.__name__ for base in kind.__mro__ if base.__module__ == "numpy"}
+    if "generic" in names:
+        return _SCALAR
+    return _ARRAY if "ndarray" in names else _MAY_HOLD_BUFFERS
 
 
 def _is_plain_numpy(obj: Any) -> bool:
-    """A numpy scalar, or an array without Python objects inside."""
+    """A numpy scalar, an array without Python objects inside, or another of numpy's
+    own objects."""
     kind = type(obj)
     found = _NUMPY_KINDS.get(kind)
     if found is None:
         found = _NUMPY_KINDS[kind] = _numpy_kind(kind)
-    if found == _MAY_HOLD_BUFFERS:
+    if found == _ARRAY:
         return not obj.dtype.hasobject
-    return found == _SCALAR
+    return found != _NOT_PLAIN
 
 
 def _is_plain(obj: Any, budget: int = 64) -> bool:
@@ -112,7 +116,7 @@ def _plain_within(obj: Any, state: list) -> bool:
         return True
     if not _is_plain_numpy(obj):
         return False
-    if _NUMPY_KINDS[kind] == _MAY_HOLD_BUFFERS:
+    if _NUMPY_KINDS[kind] != _SCALAR:   # an array, or a numpy object not known to hold none
         state[1] = _MAY_HOLD_BUFFERS
     return True
 

@@ -49,6 +49,14 @@ def test_plain_data_without_arrays_needs_no_buffer_callback():
     assert reduction._plain_kind([lambda: 1]) == reduction._NOT_PLAIN
 
 
+def test_numpy_objects_that_are_neither_scalars_nor_arrays_still_pickle():
+    # a ufunc travels by name, as it did before scalars and arrays were told apart
+    for obj in (np.add, ("apply", np.maximum)):
+        back = reduction.loads(reduction.dumps(obj))
+        assert type(back) is type(obj)
+    assert reduction.loads(reduction.dumps(np.add))(1, 2) == 3
+
+
 def test_a_large_array_in_plain_data_still_travels_out_of_band():
     big = np.arange(50_000, dtype=np.float64)
     frames = reduction.dumps(("obs", (1.0, [big])))
