@@ -24,11 +24,9 @@ descriptor in every process that keeps it); smaller ones travel as bytes.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import mmap
 import os
-import secrets
 import socket
 import sys
 from typing import Any, List, Optional, Tuple
@@ -61,7 +59,7 @@ class Segment:
         if not AVAILABLE:
             raise OSError("host segments need Linux memfd_create and /proc")
         view = memoryview(data).cast("B")
-        tag = secrets.token_bytes(TAG_BYTES)
+        tag = os.urandom(TAG_BYTES)   # (what secrets.token_bytes returns)
         fd = os.memfd_create("fiberrl-arg", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, view.nbytes + TAG_BYTES)
@@ -149,6 +147,7 @@ def _written(mapping: mmap.mmap) -> bool:
     """Whether any page of a private mapping of a segment was written (it is then a
     page of this process's own: present or swapped out, and not the segment's page).
     True where ``/proc/self/pagemap`` cannot tell."""
+    import ctypes   # here: a worker that never maps a segment does not load it (~2 ms)
     try:
         if not _pagemap:
             _pagemap.append(os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC))
