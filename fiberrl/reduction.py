@@ -83,16 +83,18 @@ def _is_plain(obj: Any, budget: int = 64) -> bool:
 
 
 def _plain_kind(obj: Any, budget: int = 64) -> int:
-    """0 when ``obj`` is not plain data (see :func:`_is_plain`); 2 when it is and holds
-    a numpy array (whose data pickle may hand out of band); 1 when it is and holds
-    nothing of the kind, so pickling needs no buffer callback."""
+    """:data:`_NOT_PLAIN` when ``obj`` is not plain data (see :func:`_is_plain`);
+    :data:`_MAY_HOLD_BUFFERS` when it is and holds a numpy array (whose data pickle may
+    hand out of band) or another numpy object; :data:`_SCALAR` when it holds only
+    built-in and numpy scalars, so pickling needs no buffer callback."""
     state = [budget, _SCALAR]
     return state[1] if _plain_within(obj, state) else _NOT_PLAIN
 
 
 def _plain_within(obj: Any, state: list) -> bool:
     """Whether ``obj`` is plain data; ``state`` is ``[items left to look at, kind so
-    far]``, the kind raised to 2 on the first array."""
+    far]``, the kind raised to :data:`_MAY_HOLD_BUFFERS` on the first numpy object that
+    is not a scalar."""
     kind = type(obj)
     if kind in _PLAIN_TYPES:
         return True
