@@ -6,6 +6,7 @@ the Slurm tests (for a machine where Slurm cannot be installed); otherwise a clu
 that does not come up is an error, not a skip.
 """
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -91,3 +92,29 @@ def assert_no_live_jobs(conf: str, grace: float = 15.0) -> None:
         described = squeue(conf, "-t", "PD,CF,R,CG,S", "-o", "%i %j %T %r")
         subprocess.run(["scancel", *jobs], env={**os.environ, "SLURM_CONF": conf}, timeout=30)
         pytest.fail(f"Slurm jobs outlived the test:\n{described}")
+
+
+#: seconds a master program on the cluster may run: under pytest's 300 s per test, with
+#: room for the check of leftover jobs after it
+MASTER_TIMEOUT = 240.0
+
+
+def run_master(command: list, env: dict, cwd: str = None,
+               timeout: float = MASTER_TIMEOUT) -> subprocess.CompletedProcess:
+    """Run a master program to its end; if it is still running after ``timeout`` s,
+    fail with what it printed and the stack of every thread (faulthandler, on SIGABRT)
+    rather than leave pytest to kill the test with no word from the program."""
+    proc = subprocess.Popen(command, env={**env, "PYTHONFAULTHANDLER": "1"}, cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"the master program was still running after {timeout:.0f} s; its "
+                    f"output:\n{out[-3000:]}\n{err[-12000:]}")
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)

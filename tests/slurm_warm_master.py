@@ -121,7 +121,7 @@ def main(mode, arg=None):
             result = pool.map_async(where, [0.5] * 60, 1)
             time.sleep(3)
             subprocess.run(["bash", "-c", arg], check=True)
-            late = result.get(timeout=240)
+            late = result.get(timeout=150)
             print("LATE", sorted(set(h for h, _ in late[-10:])), flush=True)
         print("DEATHS", pool.stats().worker_deaths, flush=True)
         print("MAP_AFTER", pool.map(square_after, [(0.0, i) for i in range(16)])

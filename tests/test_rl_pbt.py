@@ -3,7 +3,6 @@ state moves), asynchrony, members that die, a controller that dies, the command 
 and short populations on the local backend and on the real Slurm cluster."""
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -477,8 +476,7 @@ def test_population_on_two_slurm_nodes(tmp_path):
            "FIBERRL_EXTRA": json.dumps({"slurm_log_dir": str(tmp_path)})}
     env.pop("FIBERRL_BACKEND", None)
     try:
-        done = subprocess.run([sys.executable, str(master)], env=env, capture_output=True,
-                              text=True, timeout=400)
+        done = slurm_cluster.run_master([sys.executable, str(master)], env)
     finally:
         slurm_cluster.assert_no_live_jobs(conf, grace=30)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]

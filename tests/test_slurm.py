@@ -268,14 +268,14 @@ if __name__ == "__main__":
             killed = time.monotonic()
             for pid in pids[:2]:
                 os.kill(pid, signal.SIGKILL)
-            done = result.get(timeout=240)
+            done = result.get(timeout=150)
             print("ALL", len(done), "AFTER", round(time.monotonic() - killed, 2), flush=True)
             print("DEATHS", pool.stats().worker_deaths, flush=True)
         if sys.argv[1] == "kill-node":
             result = pool.map_async(host_after, [0.5] * 60, 1)
             time.sleep(3)
             subprocess.run(["bash", "-c", sys.argv[2]], check=True)
-            late = result.get(timeout=240)
+            late = result.get(timeout=150)
             print("LATE", sorted(set(late[-10:])), flush=True)
             print("DEATHS", pool.stats().worker_deaths, flush=True)
 """
@@ -288,8 +288,7 @@ def _two_node_master(tmp_path, *args):
     env = {**os.environ, "SLURM_CONF": conf, "FIBERRL_EXTRA": f'{{"slurm_log_dir": "{tmp_path}"}}'}
     env.pop("FIBERRL_BACKEND", None)
     try:
-        done = subprocess.run([sys.executable, str(master), *args], env=env, capture_output=True,
-                              text=True, timeout=400)
+        done = slurm_cluster.run_master([sys.executable, str(master), *args], env)
     finally:
         slurm_cluster.assert_no_live_jobs(conf, grace=30)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]

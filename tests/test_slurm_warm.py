@@ -93,8 +93,8 @@ def _master(tmp_path, *args, extra=None):
            "PYTHONPATH": os.pathsep.join([str(MASTER.parent.parent), os.environ.get("PYTHONPATH", "")])}
     env.pop("FIBERRL_BACKEND", None)
     try:
-        done = subprocess.run([sys.executable, str(MASTER), *args], env=env, capture_output=True,
-                              text=True, timeout=400, cwd=str(MASTER.parent))
+        done = slurm_cluster.run_master([sys.executable, str(MASTER), *args], env,
+                                        cwd=str(MASTER.parent))
     finally:
         slurm_cluster.assert_no_live_jobs(conf, grace=30)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
