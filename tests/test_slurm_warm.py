@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -259,3 +260,18 @@ def test_inside_an_allocation_workers_are_forked_by_host_job_steps(tmp_path):
     assert _line(text, "FORKED") == "True", text
     assert _line(text, "RESULTS_OK") == "True" and _line(text, "SIBLINGS_ALIVE") == "True", text
     assert _line(text, "DEATHS") == "1", text
+
+
+def test_backends_share_one_log_follower_thread(monkeypatch, tmp_path):
+    """Each Slurm backend made used to start a log-following thread that never ended."""
+    monkeypatch.setattr(fiberrl.backends.slurm.shutil, "which", lambda name: "/usr/bin/" + name)
+    fiberrl.init(backend="slurm", extra={"slurm_log_dir": str(tmp_path)})
+    try:
+        fiberrl.backends.slurm.SlurmBackend()
+        before = sum(t.name == "fiberrl-slurm-output" for t in threading.enumerate())
+        for _ in range(3):
+            fiberrl.backends.slurm.SlurmBackend()
+        after = sum(t.name == "fiberrl-slurm-output" for t in threading.enumerate())
+    finally:
+        fiberrl.config.reset()
+    assert before == after == 1

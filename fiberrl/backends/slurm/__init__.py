@@ -138,6 +138,21 @@ _CANCEL_NOTICE = re.compile(rb"^slurmstepd[^:]*: error: \*\*\* (JOB|STEP) \S+ ON
                             rb"CANCELLED AT \S+ .*\*\*\*\s*$")
 
 
+
+_followers: Dict[int, _OutputFollower] = {}
+_followers_lock = threading.Lock()
+
+
+def _output_follower() -> _OutputFollower:
+    """This process's one follower of Slurm job logs, shared by every Slurm backend (a
+    follower per backend would leave a thread behind with each backend made)."""
+    with _followers_lock:
+        follower = _followers.get(os.getpid())
+        if follower is None:
+            _followers.clear()   # a forked child follows its own jobs
+            follower = _followers[os.getpid()] = _OutputFollower()
+        return follower
+
 class SlurmBackend(Backend):
     """Jobs through ``sbatch``/``srun``, watched with ``squeue``, stopped with ``scancel``."""
 
@@ -164,7 +179,7 @@ class SlurmBackend(Backend):
         self._table = JobTable()
         self._hosts: Dict[str, List[Job]] = {}  # host job id -> the jobs it forks
         self._step_hosts: Dict[str, Job] = {}   # host jobs that are steps of the allocation
-        self._follower = (_OutputFollower() if self._extra.get("slurm_forward_output", True)
+        self._follower = (_output_follower() if self._extra.get("slurm_forward_output", True)
                           else None)
         self.forwards_output = self._follower is not None
         self._lock = threading.Lock()
