@@ -3,8 +3,8 @@
 Objects become a list of frames: ``[pickle_stream, buffer_1, buffer_2, ...]``.
 Pickle protocol 5 hands large contiguous buffers (numpy arrays, ``PickleBuffer``
 objects, the storages of CPU torch tensors: :mod:`fiberrl.reduction_torch`) to a
-callback instead of copying them into the stream, so they travel as out-of-band frames of the wire and
-are rebuilt without a copy.
+callback instead of copying them into the stream, so they travel as out-of-band frames
+of the wire and are rebuilt without a copy.
 
 Plain data (bytes, str, numbers, numpy arrays) goes through the C pickler; anything
 else through cloudpickle, so lambdas, closures and classes defined in ``__main__``,
@@ -38,10 +38,9 @@ Frames = List[Union[bytes, memoryview, pickle.PickleBuffer]]
 #: Buffers at least this large travel as their own frame; smaller ones stay in-band.
 OUT_OF_BAND_MIN_BYTES = 64 * 1024
 
+#: pickled in-band whatever their size (``bytearray`` too: only ``PickleBuffer`` objects
+#: reach pickle 5's buffer callback)
 _PLAIN_TYPES = frozenset((bytes, bytearray, str, int, float, bool, type(None), complex))
-#: pickled in-band whatever their size (so is ``bytearray``: pickle 5 writes it in-band too,
-#: only ``PickleBuffer`` objects reach the buffer callback)
-_SCALAR_TYPES = frozenset((bytes, str, int, float, bool, type(None), complex))
 
 
 #: numpy types seen so far, by what they are for pickling (see :func:`_numpy_kind`)
@@ -63,16 +62,12 @@ def _numpy_kind(kind: type) -> int:
     return _ARRAY if "ndarray" in names else _MAY_HOLD_BUFFERS
 
 
-def _is_plain_numpy(obj: Any) -> bool:
-    """A numpy scalar, an array without Python objects inside, or another of numpy's
-    own objects."""
-    kind = type(obj)
+def _cached_numpy_kind(kind: type) -> int:
+    """:func:`_numpy_kind`, worked out once per type."""
     found = _NUMPY_KINDS.get(kind)
     if found is None:
         found = _NUMPY_KINDS[kind] = _numpy_kind(kind)
-    if found == _ARRAY:
-        return not obj.dtype.hasobject
-    return found != _NOT_PLAIN
+    return found
 
 
 def _is_plain(obj: Any, budget: int = 64) -> bool:
@@ -116,9 +111,10 @@ def _plain_within(obj: Any, state: list) -> bool:
             if type(value) not in _PLAIN_TYPES and not _plain_within(value, state):
                 return False
         return True
-    if not _is_plain_numpy(obj):
+    found = _cached_numpy_kind(kind)
+    if found == _NOT_PLAIN or (found == _ARRAY and obj.dtype.hasobject):
         return False
-    if _NUMPY_KINDS[kind] != _SCALAR:   # an array, or a numpy object not known to hold none
+    if found != _SCALAR:   # an array, or a numpy object not known to hold none
         state[1] = _MAY_HOLD_BUFFERS
     return True
 
@@ -222,7 +218,7 @@ def _cloudpickle(obj: Any, buffer_callback: Any = None) -> bytes:
 def dumps(obj: Any) -> Frames:
     """Serialize ``obj`` to frames; large buffers are separate, uncopied frames."""
     kind = type(obj)
-    if kind in _SCALAR_TYPES:  # the common small message: no buffers to keep out
+    if kind in _PLAIN_TYPES:  # the common small message: no buffers to keep out
         return [pickle.dumps(obj, protocol=5)]
     plain = _plain_kind(obj)
     if plain == _SCALAR:   # plain data with nothing to keep out of band: a chunk of
