@@ -138,7 +138,6 @@ _CANCEL_NOTICE = re.compile(rb"^slurmstepd[^:]*: error: \*\*\* (JOB|STEP) \S+ ON
                             rb"CANCELLED AT \S+ .*\*\*\*\s*$")
 
 
-
 _followers: Dict[int, _OutputFollower] = {}
 _followers_lock = threading.Lock()
 
@@ -152,6 +151,7 @@ def _output_follower() -> _OutputFollower:
             _followers.clear()   # a forked child follows its own jobs
             follower = _followers[os.getpid()] = _OutputFollower()
         return follower
+
 
 class SlurmBackend(Backend):
     """Jobs through ``sbatch``/``srun``, watched with ``squeue``, stopped with ``scancel``."""
