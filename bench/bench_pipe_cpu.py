@@ -2,8 +2,9 @@
 
     python bench/bench_pipe_cpu.py [--rounds R] [--load N]
 
-The ping-pong of ``bench_core.py`` (64 bytes each way, ``send_bytes``/``recv_bytes``),
-CPU of both ends per round trip and the mean round trip, side by side:
+The ping-pong of ``bench_core.py`` (its own function: 64 bytes each way,
+``send_bytes``/``recv_bytes``), CPU of both ends per round trip and the median round
+trip, side by side:
 
 - ``raw``: two forked processes calling ``send``/``recv`` on a socket pair: what the
   kernel and two interpreters cost before any library code (the floor);
@@ -23,9 +24,11 @@ import statistics
 import time
 
 import fiberrl
+from bench_core import pipe_pingpong
 from machine_load import add_load_option, cpu_load, cpu_seconds, describe
 
-PAYLOAD = b"x" * 64
+PAYLOAD = b"x" * 64   # as bench_core's ping-pong
+ROUNDS = 2000
 
 
 def _raw_echo(sock, n, report):
@@ -35,8 +38,10 @@ def _raw_echo(sock, n, report):
     os.write(report, repr(cpu_seconds() - started).encode())
 
 
-def raw_round_trips(rounds=2000):
-    """The floor: two forked processes, bare ``send``/``recv`` on a socket pair."""
+def raw_pingpong(rounds=ROUNDS):
+    """The floor, measured as ``bench_core.pipe_pingpong`` measures a library: two forked
+    processes, bare ``send``/``recv`` on a socket pair; (p50 round trip in us, CPU of
+    both ends per round trip in us, the echo's warm-up rounds included)."""
     ours, theirs = socket.socketpair()
     report_r, report_w = os.pipe()
     pid = os.fork()
@@ -48,43 +53,20 @@ def raw_round_trips(rounds=2000):
     for _ in range(200):
         ours.send(PAYLOAD)
         ours.recv(4096)
-    cpu, started = cpu_seconds(), time.perf_counter()
+    samples = []
+    cpu = cpu_seconds()
     for _ in range(rounds):
+        started = time.perf_counter()
         ours.send(PAYLOAD)
         ours.recv(4096)
-    wall = time.perf_counter() - started
+        samples.append(time.perf_counter() - started)
     cpu = cpu_seconds() - cpu
     os.waitpid(pid, 0)
-    cpu += float(os.read(report_r, 64)) * rounds / (rounds + 200)
+    cpu += float(os.read(report_r, 64))
     for fd in (report_r, report_w):
         os.close(fd)
     ours.close()
-    return wall / rounds * 1e6, cpu / rounds * 1e6
-
-
-def _echo(conn, n):
-    started = cpu_seconds()
-    for _ in range(n):
-        conn.send_bytes(conn.recv_bytes())
-    conn.send(cpu_seconds() - started)
-
-
-def round_trips(lib, rounds=2000):
-    """(mean round trip in us, CPU of both ends per round trip in us)."""
-    a, b = lib.Pipe()
-    proc = lib.Process(target=_echo, args=(b, rounds + 200))
-    proc.start()
-    for _ in range(200):
-        a.send_bytes(PAYLOAD)
-        a.recv_bytes()
-    cpu, started = cpu_seconds(), time.perf_counter()
-    for _ in range(rounds):
-        a.send_bytes(PAYLOAD)
-        a.recv_bytes()
-    wall = time.perf_counter() - started
-    cpu = cpu_seconds() - cpu + a.recv() * rounds / (rounds + 200)
-    proc.join()
-    return wall / rounds * 1e6, cpu / rounds * 1e6
+    return statistics.median(samples) * 1e6, cpu / rounds * 1e6
 
 
 def main():
@@ -93,10 +75,11 @@ def main():
     add_load_option(parser)
     args = parser.parse_args()
     print(describe(args.load))
-    measures = {"raw": raw_round_trips}
+    measures = {"raw": raw_pingpong}
     for method in ("fork", "forkserver", "spawn"):
-        measures[method] = functools.partial(round_trips, multiprocessing.get_context(method))
-    measures["fiberrl"] = functools.partial(round_trips, fiberrl)
+        measures[method] = functools.partial(pipe_pingpong, multiprocessing.get_context(method),
+                                             ROUNDS)
+    measures["fiberrl"] = functools.partial(pipe_pingpong, fiberrl, ROUNDS)
     results = {name: [] for name in measures}
     with cpu_load(args.load):
         for _ in range(args.rounds):
@@ -106,7 +89,7 @@ def main():
     print(f"ping-pong of {len(PAYLOAD)} B, medians of {args.rounds} interleaved rounds")
     for name, runs in results.items():
         wall = statistics.median(w for w, _ in runs)
-        print(f"{name:11} round trip {wall:7.1f} us   CPU both ends {cpu[name]:6.1f} us   "
+        print(f"{name:11} round trip p50 {wall:7.1f} us   CPU both ends {cpu[name]:6.1f} us   "
               f"runs {' '.join(f'{c:.0f}' for _, c in runs)}")
     print(f"CPU per round trip: fiberrl / stdlib fork {cpu['fiberrl'] / cpu['fork']:.2f}x "
           "(target <= 1.5), "
