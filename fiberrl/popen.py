@@ -23,6 +23,7 @@ import logging
 import os
 import pickle
 import secrets
+import signal
 import sys
 import threading
 import time
@@ -38,7 +39,7 @@ from ._runtime.liveness import job_watch
 from ._services.spawn import spawn_service
 from ._wire.auth import secret_env
 from ._wire.sockets import wait_for
-from .backends import JobSpec, JobState, default_backend
+from .backends import JobSpec, JobState, JobStatus, default_backend
 from .backends.base import RUN_ENV, run_id
 from .config import INHERITED_ENV, get_config, is_explicit
 
@@ -155,7 +156,10 @@ class Popen:
         service.add(token, self, prep, frames)
         self._token, self._service, self.backend = token, service, backend
         self.spec = spec
-        job_watch().watch(token, self)
+        # a job cut off from this process notices within heartbeat_timeout (keepalive),
+        # tries parent_grace s to reconnect and exits parent_grace s later
+        job_watch().watch(token, self, lost_after=cfg.heartbeat_timeout + 2 * cfg.parent_grace
+                          + cfg.heartbeat_interval)
         batch = getattr(_batch, "popens", None)
         if batch is not None:
             batch.append(self)  # submitted when the submit_together() block ends
@@ -329,11 +333,21 @@ class Popen:
                     return None
             elif not self._ended.wait(timeout):
                 return None
+            elif self.returncode is not None:   # given up as lost: its backend may lag
+                return self.returncode
             else:
                 status = self.backend.wait(self.job, timeout=max(timeout or 0.0, 5.0))
             if status is not None:
                 self._finish(status)
         return self.returncode
+
+    def lost(self, reason: str) -> None:
+        """The job watch gave the job up (its host gone or cut off, see
+        :mod:`fiberrl._runtime.liveness`): it has ended with the exit code it reported,
+        else as killed (``-SIGKILL``), whatever its backend still lists."""
+        code = self.reported_exit if self.reported_exit is not None else -signal.SIGKILL
+        self._finish(JobStatus(JobState.SUCCEEDED if code == 0 else JobState.FAILED, code,
+                               "" if code == 0 else reason))
 
     def terminate(self) -> None:
         """Ask the job to stop (SIGTERM on the local backend)."""

@@ -28,6 +28,7 @@ class _FakePopen:
         self.process = process
         self.code = None
         self.told = 0
+        self.lost_for = []
 
     def poll(self):
         if self.process is not None:
@@ -36,6 +37,17 @@ class _FakePopen:
 
     def _job_ended(self):
         self.told += 1
+
+    def lost(self, reason):
+        self.lost_for.append(reason)
+
+
+class _FakeRemotePopen(_FakePopen):
+    """A job on another host whose backend lists it as running for ever (a Slurm job
+    stuck completing on a dead node)."""
+
+    class backend:
+        shares_host = False
 
 
 class _Job:
@@ -120,3 +132,77 @@ def test_a_watch_for_an_unknown_job_is_turned_away():
     import pytest
     with pytest.raises(NotHereError):
         open_stream(runtime().address, "watch:nobody")
+
+
+def test_a_job_elsewhere_whose_stream_stays_gone_is_given_up_once_though_its_backend_lists_it():
+    jobs = job_watch()
+    heard = []
+    jobs.on_end(lambda token: heard.append(token) if token.startswith("t-remote") else None)
+    popen, never = _FakeRemotePopen(), _FakeRemotePopen()
+    jobs.watch("t-remote", popen, lost_after=0.5)
+    jobs.watch("t-remote-never-started", never, lost_after=0.2)   # still queued, say
+    sentinel_r, sentinel_w = os.pipe()
+    watch = ParentWatch(runtime().address, "t-remote", grace=5.0, interval=0.05,
+                        sentinel_write=sentinel_w)
+    watch.start()
+    assert _wait(lambda: jobs.jobs["t-remote"].link is not None), "never connected"
+    time.sleep(1.0)   # twice lost_after while its heartbeats come: not lost
+    assert popen.lost_for == [] and heard == []
+    watch.stop()   # its stream ends and no other comes (its host is gone)
+    stopped = time.monotonic()
+    assert _wait(lambda: heard == ["t-remote"])
+    assert time.monotonic() - stopped >= 0.4
+    assert len(popen.lost_for) == 1 and "its host is gone or cut off" in popen.lost_for[0]
+    assert jobs.ended("t-remote") and popen.told == 1
+    time.sleep(0.5)
+    assert heard == ["t-remote"] and len(popen.lost_for) == 1
+    assert never.lost_for == [] and not jobs.ended("t-remote-never-started")
+    os.close(sentinel_r)
+
+
+def _touch_and_sleep(path):
+    open(path, "w").close()
+    time.sleep(60)
+
+
+def test_join_returns_for_a_job_whose_host_vanished_though_its_backend_still_lists_it(tmp_path):
+    """A job on another host that dies without its backend ever saying so (a Slurm job
+    stuck completing on a node whose slurmd died): join() does not wait for ever, nor
+    does the interpreter's exit, which joins every child."""
+    import signal
+
+    import fiberrl
+    from fiberrl.backends import JobState, JobStatus, register_backend
+    from fiberrl.backends.local import LocalBackend
+
+    class NeverToldBackend(LocalBackend):
+        """Starts local jobs but reports on them as a remote scheduler that lost a node."""
+        shares_host = False
+
+        def notify_end(self, job, callback):
+            return False
+
+        def status(self, job):
+            return JobStatus(JobState.RUNNING)
+
+        def wait(self, job, timeout=None):
+            time.sleep(timeout or 0)
+            return None
+
+    register_backend("never-told", lambda listen_host=None: NeverToldBackend(listen_host))
+    fiberrl.init(backend="never-told", heartbeat_timeout=1.0, heartbeat_interval=0.2,
+                 parent_grace=0.5)
+    try:
+        running = tmp_path / "running"
+        proc = fiberrl.Process(target=_touch_and_sleep, args=(str(running),))
+        proc.start()
+        assert _wait(running.exists, 30)   # it said hello: its watch stream is up
+        pid = proc.pid
+        os.kill(pid, signal.SIGKILL)   # its stream ends; its backend never tells
+        killed = time.monotonic()
+        proc.join(30)
+        assert proc.exitcode == -signal.SIGKILL
+        assert 1.5 < time.monotonic() - killed < 15
+        assert not proc.is_alive() and proc not in fiberrl.active_children()
+    finally:
+        fiberrl.config.reset()

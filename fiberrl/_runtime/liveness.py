@@ -11,6 +11,10 @@ answers every question:
   thread, at once when its watch stream ends and otherwise every
   :data:`POLL_INTERVAL` seconds; a job that stops sending heartbeats
   (stopped, hung in C code, its host cut off) is reported by :meth:`JobWatch.silence`.
+  A job elsewhere whose stream ended and who opened no other for ``lost_after``
+  seconds has ended, whatever its backend still says (a Slurm job stuck
+  *completing* on a dead node, a pod on a lost node): cut off from its parent, it
+  exits by then of its own accord (below), so nobody waits for it any longer.
   Whoever cares subscribes with :meth:`JobWatch.on_end` (queue brokers requeue what
   was in flight to the job, the pipe rendezvous drops its copies, a pool replaces a
   worker) instead of polling;
@@ -57,10 +61,11 @@ Greeter = Callable[[str, int, str], Tuple[Any, List[Any]]]
 
 
 class _Watched:
-    __slots__ = ("popen", "polled", "last_heard", "link", "ended", "sentinel")
+    __slots__ = ("popen", "polled", "last_heard", "link", "ended", "sentinel", "lost_after")
 
-    def __init__(self, popen: Any) -> None:
+    def __init__(self, popen: Any, lost_after: Optional[float]) -> None:
         self.popen = weakref.ref(popen)
+        self.lost_after = lost_after
         self.polled = not popen.backend.shares_host   # its backend is asked, by a thread
         self.last_heard: Optional[float] = None
         self.link: Optional[Link] = None
@@ -90,10 +95,12 @@ class JobWatch:
         self._greeter, self._on_exit = greeter, on_exit
 
     # -- any thread ------------------------------------------------------------------
-    def watch(self, token: str, popen: Any) -> None:
+    def watch(self, token: str, popen: Any, lost_after: Optional[float] = None) -> None:
         """Watch the job to be started for ``token`` (its backend's view; on this host,
-        from :meth:`launched` on)."""
-        entry = _Watched(popen)
+        from :meth:`launched` on). A job elsewhere whose watch stream ended and stayed
+        gone for ``lost_after`` seconds is given up: ``popen.lost(reason)``, then ended
+        (None: only its backend tells)."""
+        entry = _Watched(popen, lost_after)
         with self._lock:
             self.jobs[token] = entry
         if entry.polled:
@@ -246,8 +253,20 @@ class JobWatch:
                 except Exception:
                     logger.debug("status of job %s failed", token, exc_info=True)
                     continue
+                if not finished and self._gone_silent(entry):
+                    popen.lost(f"no word from the job for {self.silence(token):.0f} s since "
+                               "its stream to this process ended: its host is gone or cut "
+                               "off (a job cut off from its parent exits by then)")
+                    finished = True
                 if finished:
                     self.reactor.call_soon(functools.partial(self._ended, token))
+
+    @staticmethod
+    def _gone_silent(entry: _Watched) -> bool:
+        """Whether a job that once held a watch stream has had none for ``lost_after`` s."""
+        return (entry.lost_after is not None and entry.link is None
+                and entry.last_heard is not None
+                and time.monotonic() - entry.last_heard > entry.lost_after)
 
 
 def job_watch() -> JobWatch:
