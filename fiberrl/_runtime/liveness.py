@@ -61,11 +61,13 @@ Greeter = Callable[[str, int, str], Tuple[Any, List[Any]]]
 
 
 class _Watched:
-    __slots__ = ("popen", "polled", "last_heard", "link", "ended", "sentinel", "lost_after")
+    __slots__ = ("popen", "polled", "last_heard", "link", "ended", "sentinel", "lost_after",
+                 "given_up")
 
     def __init__(self, popen: Any, lost_after: Optional[float]) -> None:
         self.popen = weakref.ref(popen)
         self.lost_after = lost_after
+        self.given_up = False   # declared lost (its end is on its way to the loop)
         self.polled = not popen.backend.shares_host   # its backend is asked, by a thread
         self.last_heard: Optional[float] = None
         self.link: Optional[Link] = None
@@ -257,14 +259,14 @@ class JobWatch:
                     popen.lost(f"no word from the job for {self.silence(token):.0f} s since "
                                "its stream to this process ended: its host is gone or cut "
                                "off (a job cut off from its parent exits by then)")
-                    finished = True
+                    finished = entry.given_up = True
                 if finished:
                     self.reactor.call_soon(functools.partial(self._ended, token))
 
     @staticmethod
     def _gone_silent(entry: _Watched) -> bool:
         """Whether a job that once held a watch stream has had none for ``lost_after`` s."""
-        return (entry.lost_after is not None and entry.link is None
+        return (entry.lost_after is not None and not entry.given_up and entry.link is None
                 and entry.last_heard is not None
                 and time.monotonic() - entry.last_heard > entry.lost_after)
 
