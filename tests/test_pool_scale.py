@@ -159,3 +159,22 @@ def test_workers_lost_together_are_declared_together(make_pool, tmp_path):
     assert results == list(range(8))
     assert pool.stats().worker_deaths == 8
     assert elapsed < 6.0, elapsed  # one after the other: 8 x (1 s wait + kill + restart)
+
+
+def test_terminate_gives_workers_killed_when_lost_one_second_in_all(make_pool):
+    """Workers declared lost were killed, but on a vanished node their jobs may not be
+    reported ended for a while: terminate() waits one second for all of them together,
+    not a second each (a node of 64 workers held the pool's end for a minute)."""
+    pool = make_pool(1)
+    assert pool.map(abs, [-1]) == [1]
+
+    class NeverReported:
+        exitcode = None
+
+        def join(self, timeout=None):
+            time.sleep(timeout or 0)
+
+    pool._core.supervisor.unreaped.extend(NeverReported() for _ in range(6))
+    started = time.monotonic()
+    pool.terminate()
+    assert time.monotonic() - started < 4.0   # one after the other: over 6 s

@@ -53,6 +53,7 @@ CONNECTED_POLL = 1.0
 #: within about this long, instead of one after the other)
 LOST_GRACE = 2.0
 STOP_GRACE = 10.0  # seconds a worker asked to stop may take before it is killed
+UNREAPED_WAIT = 1.0  # seconds terminate() waits, in all, for workers killed when lost
 
 
 class Supervisor:
@@ -372,8 +373,13 @@ class Supervisor:
                 self.roster.ask_to_stop(record)
 
     def _kill_all(self) -> None:
-        for process in self.unreaped:  # killed when declared lost
-            process.join(1.0)
+        # those killed when declared lost get one second, together, to end: a node's
+        # worth of workers on a node that vanished must not hold the pool a second each
+        deadline = time.monotonic() + UNREAPED_WAIT
+        for process in self.unreaped:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.exitcode is not None:
+                _forget(process)
         self.unreaped.clear()
         for record in self.roster:
             record.expected_exit = True
