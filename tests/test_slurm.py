@@ -192,6 +192,24 @@ def test_scancel_of_a_busy_worker_mid_map_loses_nothing(slurm, make_pool):
     assert pool.stats().worker_deaths >= 1
 
 
+def test_stopping_a_job_slurm_no_longer_knows_is_no_warning(slurm, caplog):
+    """A pool stops its replacement workers when it ends; Slurm may have forgotten one
+    (a whole pending array cancelled lists only the array; an ended job ages out).
+    scancel says "Invalid job id": the job is gone, which a normal exit does not warn of."""
+    import logging
+    from fiberrl.backends import default_backend
+    from fiberrl.backends.base import Job
+    from fiberrl.backends.slurm import _JobData
+    job = Job(id="99999999_1", backend="slurm", spec=JobSpec(command=["python"]),
+              data=_JobData(log=os.devnull))
+    with caplog.at_level(logging.DEBUG, logger="fiberrl"):
+        default_backend().terminate(job)
+        default_backend().terminate(job, force=True)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    # (scancel without --signal says nothing of an unknown array task; with it, it fails)
+    assert any("99999999_1 is already gone" in r.getMessage() for r in caplog.records)
+
+
 def test_workers_near_their_time_limit_are_replaced(slurm, make_pool):
     # 1-minute jobs, replaced when 30 s are left (the margin is capped at half the
     # limit); the map needs about 40 s of work, so both first workers are replaced

@@ -46,7 +46,7 @@ from .. import addresses
 from . import submit as slurm_submit
 from . import warm
 from ..base import Backend, Job, JobInfo, JobSpec, JobState, JobStatus
-from .jobs import JobTable, parse_duration, run_slurm, status_of
+from .jobs import UNKNOWN_JOB, JobTable, parse_duration, run_slurm, status_of
 
 logger = logging.getLogger(__name__)
 
@@ -439,7 +439,11 @@ class SlurmBackend(Backend):
         try:
             run_slurm(command, timeout=30.0)
         except BackendError as exc:
-            logger.warning("could not cancel Slurm job %s: %s", target, exc)
+            if UNKNOWN_JOB in str(exc):   # it ended and Slurm forgot it, or the whole
+                # array was cancelled while pending (squeue then lists only the array)
+                logger.debug("Slurm job %s is already gone: %s", target, exc)
+            else:
+                logger.warning("could not cancel Slurm job %s: %s", target, exc)
 
     def _cancel_idle_host(self, host_id: str) -> None:
         """Cancel a host job that has not started yet once all its jobs were asked to

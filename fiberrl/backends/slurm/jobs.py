@@ -32,6 +32,8 @@ _PENDING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
             "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD"}
 _RUNNING = {"RUNNING", "COMPLETING"}
 GONE = "FIBERRL_GONE"  # our marker: Slurm has forgotten the job
+#: what squeue and scancel say of a job id Slurm does not (or no longer) know
+UNKNOWN_JOB = "Invalid job id"
 _UNLIMITED = ("UNLIMITED", "INFINITE", "NOT_SET", "INVALID", "N/A", "")
 
 
@@ -199,7 +201,7 @@ class JobTable:
             out = run_slurm(["squeue", "-h", "-r", "-t", "all", f"--jobs={','.join(queries)}",
                              "-O", ",".join(f"{f}:|" for f in FIELDS)], timeout=30.0)
         except BackendError as exc:
-            if "Invalid job id" not in str(exc):
+            if UNKNOWN_JOB not in str(exc):
                 logger.warning("squeue failed: %s", exc)
                 return
             out = ""
