@@ -81,6 +81,17 @@ def test_missing_image_is_a_clear_error(docker):
         fiberrl.Process(target=print).start()
 
 
+def test_a_python_the_image_lacks_is_a_clear_error_and_leaves_no_container(docker):
+    """The job joins the run's PID namespace, whose holder cannot start either: the
+    container made for the job is removed when dockerd refuses to start it (left, its
+    name made the retry fail with a 409 conflict, and the container stayed behind)."""
+    extra = dict(fiberrl.config.get_config().extra, docker_python="/no/such/python")
+    fiberrl.init(backend="docker", extra=extra)
+    with pytest.raises(fiberrl.errors.BackendError, match="docker_python '/no/such/python'"):
+        fiberrl.Process(target=print).start()
+    assert [c for c in backend_bindings.fiberrl_containers() if "pidns" not in c] == []
+
+
 def _with_pid_namespace(mode):
     extra = dict(fiberrl.config.get_config().extra, docker_pid_namespace=mode)
     fiberrl.init(backend="docker", extra=extra)

@@ -45,7 +45,7 @@ from ..errors import BackendError
 from . import addresses
 from .base import Backend, Job, JobInfo, JobSpec, JobState, JobStatus, run_id, user_name
 from . import docker_pid
-from .docker_pid import HOLDER_ROLE, check_mode
+from .docker_pid import HOLDER_ROLE, check_mode, start_or_remove
 from .local import describe_exit
 
 logger = logging.getLogger(__name__)
@@ -163,22 +163,28 @@ class DockerBackend(Backend):
         return job
 
     def _run_container(self, image: str, spec: JobSpec, options: Dict[str, Any]) -> Any:
-        """``containers.run``, in the run's PID namespace if so configured (a holder that
-        ended between the check and the start is replaced once)."""
+        """The job's container, started in the run's PID namespace if so configured (a
+        holder that ended between the check and the start is replaced once)."""
         for attempt in (1, 2):
             if self._pid_mode == "run":
                 options["pid_mode"] = self._pid_namespace.pid_mode(
                     image, self._extra.get("docker_python", "python3"))
             try:
-                return self._client.containers.run(image, **options)
+                return start_or_remove(self._client, self._docker, image, options)
             except self._docker.errors.APIError as exc:
                 holder = options.get("pid_mode", "").partition("container:")[2]
-                if (attempt == 1 and self._pid_mode == "run"
-                        and self._pid_namespace.lost_reason(holder)):
+                lost = self._pid_mode == "run" and self._pid_namespace.lost_reason(holder)
+                if lost and attempt == 1:
                     logger.warning("the run's pid-namespace holder refused %s (%s); "
                                    "starting a new one", spec.name, exc.explanation or exc)
                     self._pid_namespace.forget()
                     continue
+                if lost:   # a new holder ended at once too: it cannot run in this image
+                    python = self._extra.get("docker_python", "python3")
+                    raise BackendError(
+                        f"dockerd refused {spec.name!r}: the run's pid-namespace holder "
+                        f"ended as soon as it started ({exc.explanation or exc}); does "
+                        f"docker_python {python!r} run in image {image!r}?") from exc
                 raise BackendError(
                     f"dockerd refused {spec.name!r}: {exc.explanation or exc}") from exc
         raise AssertionError("unreachable")

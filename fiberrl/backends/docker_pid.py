@@ -63,6 +63,24 @@ def check_mode(extra: Mapping[str, Any]) -> str:
     return mode
 
 
+def start_or_remove(client: Any, docker: Any, image: str, options: Dict[str, Any]) -> Any:
+    """``client.containers.run(image, **options)``, except that a container created but
+    refused at its start (a PID namespace whose holder ended, a bad mount) is removed
+    before the error is raised: left behind, it would keep its name, and the next try
+    under that name would fail with a 409 conflict."""
+    container = client.containers.create(image, **options)
+    try:
+        container.start()
+    except docker.errors.APIError:
+        try:
+            container.remove(force=True)
+        except docker.errors.APIError as exc:
+            logger.debug("could not remove container %s after its failed start: %s",
+                         container.name, exc)
+        raise
+    return container
+
+
 def holder_name(run: str) -> str:
     """The holder container's name for run ``run`` (one per run and dockerd)."""
     slug = re.sub(r"[^a-zA-Z0-9_.-]", "-", run).strip("-.")[:80] or "run"
@@ -162,9 +180,9 @@ class PidNamespace:
 
     def _start(self, image: str, python: str) -> str:
         started = time.monotonic()
-        container = self._client.containers.run(
-            image, [python, "-c", _HOLDER_SCRIPT], name=self.name, detach=True, init=True,
-            auto_remove=True, network_mode="none", labels=self._labels, stdin_open=False)
+        container = start_or_remove(self._client, self._docker, image, dict(
+            command=[python, "-c", _HOLDER_SCRIPT], name=self.name, detach=True, init=True,
+            auto_remove=True, network_mode="none", labels=self._labels, stdin_open=False))
         self._owned = container.id
         logger.info("started pid-namespace holder %s in %.2f s", self.name,
                     time.monotonic() - started)
