@@ -22,7 +22,7 @@ import logging
 import os
 import sys
 import types
-from typing import Optional
+from typing import Any, Callable, Optional
 from multiprocessing import process as _mp_process
 
 from . import log, reduction
@@ -105,6 +105,22 @@ def _tell_started(fd: int) -> None:
         logger.debug("could not say started on descriptor %d", fd)
 
 
+def _interruptible(run: Callable[[], Any], name: str) -> Callable[[], Any]:
+    """``run`` with SIGINT let through while it runs, and only then: the stdlib's
+    bootstrap before it (closing stdin, the after-fork hooks) is still the job's start,
+    where a Ctrl-C ends the job quietly (see :mod:`fiberrl._runtime.interrupts`), and
+    the exit after it is not to be interrupted."""
+    def run_with_interrupts() -> Any:
+        if not interrupts.release():   # Ctrl-C during start-up: the whole run is ending
+            logger.debug("interrupted while starting; not running %s", name)
+            raise SystemExit(interrupts.INTERRUPTED_EXIT)
+        try:
+            return run()
+        finally:
+            interrupts.hold()
+    return run_with_interrupts
+
+
 def main() -> int:
     """Run the job described by the environment; return its exit code."""
     interrupts.hold()  # already held on the local backend; see _runtime.interrupts
@@ -138,12 +154,8 @@ def main() -> int:
     start_parent_watch(watch)
     if started_fd is not None:
         _tell_started(int(started_fd))
-    if interrupts.release():
-        exitcode = process_obj._bootstrap(parent_sentinel=parent_r)
-        interrupts.hold()  # the exit below is not to be interrupted
-    else:  # Ctrl-C during start-up: the whole run is being interrupted
-        logger.debug("interrupted while starting; not running %s", process_obj.name)
-        exitcode = interrupts.INTERRUPTED_EXIT
+    process_obj.run = _interruptible(process_obj.run, process_obj.name)
+    exitcode = process_obj._bootstrap(parent_sentinel=parent_r)
     watch.report_exit(exitcode)   # if the parent is gone, the backend reports it instead
     _finish_shared_objects()
     watch.stop()

@@ -279,3 +279,39 @@ def test_the_suite_takes_ctrl_c_as_usual_when_started_in_the_background(tmp_path
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-4000:]
     assert "1 passed" in done.stdout, done.stdout[-4000:]
+
+
+class CtrlCInTheBootstrap:
+    """Unpickled in a job, it has a Ctrl-C arrive while the stdlib's bootstrap runs the
+    after-fork hooks: after the process object was unpickled, before its target."""
+
+    def __init__(self):
+        self.armed = True   # (an object with no state is unpickled without __setstate__)
+
+    def __setstate__(self, state):
+        import multiprocessing.util
+        self.__dict__.update(state)
+        multiprocessing.util.register_after_fork(self, _ctrl_c_here)
+
+
+def _ctrl_c_here(_):
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)   # where Python would raise KeyboardInterrupt if SIGINT were let through
+
+
+def _say(word):
+    print(word, flush=True)
+
+
+def test_a_ctrl_c_in_the_bootstrap_before_the_target_ends_the_job_quietly():
+    """The stdlib's bootstrap (closing stdin, the after-fork hooks) is still the job's
+    start: a Ctrl-C there ends the job with 130 and no traceback, and the target does
+    not run (CI once saw a worker's traceback from ``util._close_stdin``)."""
+    import fiberrl
+    proc = fiberrl.Process(target=_say, args=("the target ran",), kwargs={})
+    proc.carried = CtrlCInTheBootstrap()
+    proc.start()
+    proc.join(60)
+    logs = proc.job_logs()
+    assert proc.exitcode == 130, logs
+    assert "Traceback" not in logs and "the target ran" not in logs, logs
