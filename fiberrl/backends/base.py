@@ -13,9 +13,10 @@ import getpass
 import os
 import secrets
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Generic, List, Optional, TypeVar
 
 
 #: every job of one run (a root process and all it starts) carries the run's id here
@@ -37,6 +38,28 @@ def user_name() -> str:
         return getpass.getuser()
     except Exception:  # no name for this uid (containers)
         return str(os.getuid())
+
+
+_T = TypeVar("_T")
+
+
+class PerProcess(Generic[_T]):
+    """One object per process, made by ``factory`` on first use and shared by every
+    backend of the process (a forked child makes its own: the parent's threads, which
+    such an object runs, are not inherited)."""
+
+    def __init__(self, factory: Callable[[], _T]) -> None:
+        self._factory = factory
+        self._lock = threading.Lock()
+        self._pid: Optional[int] = None
+        self._value: Optional[_T] = None
+
+    def get(self) -> _T:
+        """This process's object."""
+        with self._lock:
+            if self._pid != os.getpid():
+                self._value, self._pid = self._factory(), os.getpid()
+            return self._value
 
 
 class JobState(enum.Enum):

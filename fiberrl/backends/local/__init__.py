@@ -29,7 +29,7 @@ from ..._runtime import interrupts
 from ...config import get_config
 from ...errors import BackendError
 from .. import addresses
-from ..base import RUN_ENV, Backend, Job, JobInfo, JobSpec, JobState, JobStatus
+from ..base import RUN_ENV, Backend, Job, JobInfo, JobSpec, JobState, JobStatus, PerProcess
 from .forkserver import MARKER_ENV, read_table
 from .forkserver_client import ForkedJob, ForkServer, fork_server, forkable
 
@@ -155,8 +155,9 @@ class _OutputPump:
                 server.release()
 
 
-_pump: Dict[int, _OutputPump] = {}   # pid -> this process's pump (none inherited by a fork)
-_pump_lock = threading.Lock()
+#: this process's one output pump, shared by every local backend (a fork server is read
+#: by one thread only, whichever backend started its jobs)
+_pump = PerProcess(_OutputPump)
 
 
 class _Attached:
@@ -191,14 +192,8 @@ class LocalBackend(Backend):
 
     @staticmethod
     def _output() -> _OutputPump:
-        """This process's one output pump, shared by every local backend (a fork server
-        is read by one thread only, whichever backend started its jobs)."""
-        with _pump_lock:
-            pump = _pump.get(os.getpid())
-            if pump is None:
-                _pump.clear()
-                pump = _pump[os.getpid()] = _OutputPump()
-            return pump
+        """This process's one output pump."""
+        return _pump.get()
 
     def create_job(self, spec: JobSpec) -> Job:
         env = dict(os.environ)

@@ -45,7 +45,7 @@ from ...errors import BackendError
 from .. import addresses
 from . import submit as slurm_submit
 from . import warm
-from ..base import Backend, Job, JobInfo, JobSpec, JobState, JobStatus
+from ..base import Backend, Job, JobInfo, JobSpec, JobState, JobStatus, PerProcess
 from .jobs import UNKNOWN_JOB, JobTable, parse_duration, run_slurm, status_of
 
 logger = logging.getLogger(__name__)
@@ -138,19 +138,9 @@ _CANCEL_NOTICE = re.compile(rb"^slurmstepd[^:]*: error: \*\*\* (JOB|STEP) \S+ ON
                             rb"CANCELLED AT \S+ .*\*\*\*\s*$")
 
 
-_followers: Dict[int, _OutputFollower] = {}
-_followers_lock = threading.Lock()
-
-
-def _output_follower() -> _OutputFollower:
-    """This process's one follower of Slurm job logs, shared by every Slurm backend (a
-    follower per backend would leave a thread behind with each backend made)."""
-    with _followers_lock:
-        follower = _followers.get(os.getpid())
-        if follower is None:
-            _followers.clear()   # a forked child follows its own jobs
-            follower = _followers[os.getpid()] = _OutputFollower()
-        return follower
+#: this process's one follower of Slurm job logs, shared by every Slurm backend (a
+#: follower per backend would leave a thread behind with each backend made)
+_log_follower = PerProcess(_OutputFollower)
 
 
 class SlurmBackend(Backend):
@@ -179,7 +169,7 @@ class SlurmBackend(Backend):
         self._table = JobTable()
         self._hosts: Dict[str, List[Job]] = {}  # host job id -> the jobs it forks
         self._step_hosts: Dict[str, Job] = {}   # host jobs that are steps of the allocation
-        self._follower = (_output_follower() if self._extra.get("slurm_forward_output", True)
+        self._follower = (_log_follower.get() if self._extra.get("slurm_forward_output", True)
                           else None)
         self.forwards_output = self._follower is not None
         self._lock = threading.Lock()
