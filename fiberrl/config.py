@@ -228,6 +228,16 @@ def is_explicit(config: Config, key: str) -> bool:
     return key in getattr(config, "_explicit", frozenset())
 
 
+def backend_name() -> str:
+    """The backend this process's jobs run on: the configured one; unset, ``slurm``
+    inside a Slurm allocation (so a script run with ``sbatch``/``salloc`` starts its
+    processes as job steps), else ``local``."""
+    config = get_config()
+    if not is_explicit(config, "backend") and os.environ.get("SLURM_JOB_ID"):
+        return "slurm"
+    return config.backend or "local"
+
+
 _lock = threading.Lock()
 _current: Optional[Config] = None
 _init_overrides: Dict[str, Any] = {}   # every init() argument so far, later calls winning

@@ -10,6 +10,7 @@ them from a warm fork server unless the ``forkserver`` setting is off.
 from __future__ import annotations
 
 import os
+import sys
 from multiprocessing import context as _mp_context
 from typing import Any, Optional
 
@@ -72,8 +73,20 @@ class FiberContext(_mp_context.BaseContext):
     def Pool(self, processes: Optional[int] = None, initializer: Any = None, initargs: tuple = (),
              maxtasksperchild: Optional[int] = None, **options: Any):
         """A pool of job-backed workers (see :class:`fiberrl.pool.Pool`)."""
-        from .pool import Pool
-        return Pool(processes, initializer, initargs, maxtasksperchild, context=self, **options)
+        from ._runtime import spare
+        # its first worker's interpreter starts while the pool's modules import; started
+        # before the configuration is even read, and dropped if the backend is not local
+        spare.prestart(sys.executable, preload=("fiberrl.pool.worker",))
+        try:
+            from .config import backend_name
+            if backend_name() != "local":
+                spare.discard()
+            from .pool import Pool
+            return Pool(processes, initializer, initargs, maxtasksperchild, context=self,
+                        **options)
+        except BaseException:
+            spare.discard()
+            raise
 
     # -- managers and synchronization ---------------------------------------------
     def Manager(self):

@@ -3,6 +3,8 @@
 SIGINT stays blocked from the job's start until step 5 is about to run the target
 (:mod:`fiberrl._runtime.interrupts`): a Ctrl-C while the job starts ends it quietly.
 
+0. a spare (started before its job was asked for, :mod:`fiberrl._runtime.spare`)
+   first waits for its job's environment and working directory on a pipe;
 1. read the parent's runtime address, the one-time token and the run's secret from
    the environment (and take the last two out of it);
 2. open the watch stream to the parent (:class:`fiberrl._runtime.liveness.ParentWatch`),
@@ -26,7 +28,7 @@ from typing import Any, Callable, Optional
 from multiprocessing import process as _mp_process
 
 from . import log, reduction
-from ._runtime import interrupts, jobenv
+from ._runtime import interrupts, jobenv, spare
 from ._runtime.jobenv import JOB_ENV, STARTED_ENV, TOKEN_ENV, parent_address
 from ._runtime.liveness import ParentWatch, start_parent_watch
 from ._wire.auth import SECRET_ENV, run_secret
@@ -124,6 +126,9 @@ def _interruptible(run: Callable[[], Any], name: str) -> Callable[[], Any]:
 def main() -> int:
     """Run the job described by the environment; return its exit code."""
     interrupts.hold()  # already held on the local backend; see _runtime.interrupts
+    spare_setting = os.environ.get(spare.SPARE_ENV)
+    if spare_setting is not None and not spare.become_job(spare_setting):
+        return 0   # discarded: no job came
     address, token = parent_address(), os.environ[TOKEN_ENV]
     secret = run_secret()  # read it before it leaves the environment
     _mp_process.current_process().authkey = secret

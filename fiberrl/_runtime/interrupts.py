@@ -64,7 +64,7 @@ def ignored() -> bool:
 
 
 def take_as(parent_ignored: bool) -> None:
-    """In a job forked by the fork server: the SIGINT disposition an exec'd job of the
+    """In a job forked by the fork server or given to a spare: the SIGINT disposition an exec'd job of the
     same parent would start with, ignored if the parent ignored it, else Python's
     ``KeyboardInterrupt`` handler. (Main thread only, as ``signal.signal`` is.)"""
     signal.signal(signal.SIGINT, signal.SIG_IGN if parent_ignored else signal.default_int_handler)

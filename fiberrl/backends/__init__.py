@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import Callable, Dict, Optional
 
-from ..config import get_config, is_explicit, on_change
+from ..config import backend_name, get_config, on_change
 from ..errors import ConfigError
 from .base import Backend, Job, JobSpec, JobState, JobStatus
 
@@ -72,23 +72,13 @@ def get_backend(name: str, **kwargs) -> Backend:
     raise ConfigError(f"unknown fiberrl backend {name!r}; available: {', '.join(available_backends())}")
 
 
-def detect_backend_name() -> str:
-    """The configured backend; unset, ``slurm`` inside a Slurm allocation (so a
-    script run with ``sbatch``/``salloc`` starts its processes as job steps), else
-    ``local``."""
-    cfg = get_config()
-    if not is_explicit(cfg, "backend") and os.environ.get("SLURM_JOB_ID"):
-        return "slurm"
-    return cfg.backend or "local"
-
-
 def default_backend() -> Backend:
     """The backend of this process's configuration (created once per process)."""
     global _default, _default_pid
     with _lock:
         if _default is None or _default_pid != os.getpid():
             cfg = get_config()
-            _default = get_backend(detect_backend_name(), listen_host=cfg.listen_host)
+            _default = get_backend(backend_name(), listen_host=cfg.listen_host)
             _default_pid = os.getpid()
         return _default
 

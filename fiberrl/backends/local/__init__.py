@@ -3,7 +3,9 @@
 Jobs that run fiberrl's own entry point (every ``Process`` and pool worker) are
 forked from a warm fork server (:mod:`fiberrl.backends.local.forkserver`) unless the
 ``forkserver`` setting is off (the first job of a process is started as a new
-interpreter, and the second starts the server and waits for it); other commands, and
+interpreter, or given to the spare interpreter ``Pool()`` started for it:
+:mod:`fiberrl._runtime.spare`; the second starts the server and waits for it); other
+commands, and
 any job the server cannot take, are started with ``subprocess``. Either way a job of fiberrl's entry point starts with
 SIGINT blocked until it is ready to take it (:mod:`fiberrl._runtime.interrupts`). A
 job's stdout and stderr (its own pipes, or for a forked job what its fork server
@@ -23,14 +25,14 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Set
 
-from ..._runtime import interrupts
+from ..._runtime import interrupts, spare
 from ...config import get_config
 from ...errors import BackendError
 from .. import addresses
 from ..base import RUN_ENV, Backend, Job, JobInfo, JobSpec, JobState, JobStatus, PerProcess
-from .forkserver import MARKER_ENV, read_table
+from .forkserver import MARKER_ENV, JobTable, read_table
 from .forkserver_client import ForkedJob, ForkServer, fork_server, forkable
 
 logger = logging.getLogger(__name__)
@@ -189,6 +191,7 @@ class LocalBackend(Backend):
 
     def __init__(self, listen_host: Optional[str] = None) -> None:
         self._listen_host = listen_host
+        self._spare_jobs: Set[int] = set()   # pids of jobs given to a spare interpreter
 
     @staticmethod
     def _output() -> _OutputPump:
@@ -199,23 +202,36 @@ class LocalBackend(Backend):
         env = dict(os.environ)
         env.update(spec.env)
         handle = self._fork(spec, env)
-        if handle is None:
-            # fiberrl's own jobs start with Ctrl-C held until fiberrl.spawn is ready for it
-            # (see interrupts); any other command gets the terminal's Ctrl-C as usual
-            holding = interrupts.held() if forkable(spec.command) else contextlib.nullcontext()
-            try:
-                with holding:
-                    handle = subprocess.Popen(spec.command, env=env, cwd=spec.cwd,
-                                              pass_fds=spec.pass_fds, stdin=subprocess.DEVNULL,
-                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            except OSError as exc:
-                raise BackendError(f"local backend could not start {spec.command[0]!r}: "
-                                   f"{exc}") from exc
+        if handle is not None:
+            spare.discard()   # this process's jobs are forked: none would take it
+        else:
+            if forkable(spec.command):
+                handle = spare.take(spec.command[0], env, spec.cwd, spec.pass_fds)
+                if handle is not None:
+                    self._spare_jobs.add(handle.pid)
+                    JobTable().record(handle.pid, env)
+            if handle is None:
+                handle = self._exec(spec, env)
             self._output().add(f"local-{handle.pid}", handle.stdout, handle.stderr)
         job = Job(id=f"local-{handle.pid}", backend=self.name, spec=spec, host="localhost",
                   pid=handle.pid, data=handle)
         logger.debug("started job %s: %s", job.id, spec.name)
         return job
+
+    @staticmethod
+    def _exec(spec: JobSpec, env: Dict[str, str]) -> subprocess.Popen:
+        """Start the job as a new process."""
+        # fiberrl's own jobs start with Ctrl-C held until fiberrl.spawn is ready for it
+        # (see interrupts); any other command gets the terminal's Ctrl-C as usual
+        holding = interrupts.held() if forkable(spec.command) else contextlib.nullcontext()
+        try:
+            with holding:
+                return subprocess.Popen(spec.command, env=env, cwd=spec.cwd,
+                                        pass_fds=spec.pass_fds, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as exc:
+            raise BackendError(f"local backend could not start {spec.command[0]!r}: "
+                               f"{exc}") from exc
 
     def _fork(self, spec: JobSpec, env: Dict[str, str]) -> Optional[ForkedJob]:
         """Fork the job from the fork server; None if it should be exec'd instead."""
@@ -248,6 +264,9 @@ class LocalBackend(Backend):
 
     def status(self, job: Job) -> JobStatus:
         code = job.data.poll()
+        if code is not None and job.pid in self._spare_jobs:
+            self._spare_jobs.discard(job.pid)
+            JobTable().forget(job.pid)
         return self._status(code)
 
     @staticmethod
@@ -290,16 +309,19 @@ class LocalBackend(Backend):
                 env = proc.environ()
             except (psutil.Error, OSError):
                 continue
-            if RUN_ENV not in env or proc.info["username"] != psutil.Process().username():
+            if proc.info["username"] != psutil.Process().username() or proc.pid == os.getpid():
                 continue
-            if proc.pid == os.getpid():
-                continue
-            name, run = env.get("FIBERRL_JOB_NAME", "main"), env[RUN_ENV]
-            if MARKER_ENV in env:  # the fork server (not a job), or a job it forked
+            if MARKER_ENV in env or spare.SPARE_ENV in env:
+                # the fork server (not a job), a job it forked, or a spare's job (whose
+                # environment here is the spare's start, from before its run had an id)
                 recorded = read_table(proc.pid)
                 if recorded is None:
                     continue
-                name, run = recorded["name"], recorded["run"] or run
+                name, run = recorded["name"], recorded["run"] or env.get(RUN_ENV, "")
+            elif RUN_ENV in env:
+                name, run = env.get("FIBERRL_JOB_NAME", "main"), env[RUN_ENV]
+            else:
+                continue
             created = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(proc.info["create_time"]))
             jobs.append(JobInfo(id=f"local-{proc.pid}", backend=self.name, name=name, run=run,
                                 state=proc.info["status"], host="localhost", created=created))

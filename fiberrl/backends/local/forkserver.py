@@ -109,8 +109,10 @@ def read_table(pid: int) -> Optional[dict]:
         return None
 
 
-class _JobTable:
-    """The server's record of its jobs' names for ``fiberrl ps`` (a file per pid).
+class JobTable:
+    """The record of forked jobs' names for ``fiberrl ps`` (a file per pid), kept by
+    the fork server, and by the local backend for the job it gave a spare interpreter
+    (whose ``/proc/<pid>/environ`` shows the spare's start, not its job).
 
     Best effort: a job runs whether or not its line could be written.
     """
@@ -141,7 +143,7 @@ class _Server:
 
     def __init__(self, control: socket.socket) -> None:
         self.pid = os.getpid()
-        self.table = _JobTable()
+        self.table = JobTable()
         self.prctl = _load_prctl()
         self.control: Optional[socket.socket] = control
         self.accepting = True    # the parent still sends requests

@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..._runtime import interrupts
+from ..._runtime.spare import start_up_env
 from ...errors import ForkServerError
 from .forkserver import MARKER_ENV, MAX_FDS, MAX_REQUEST, READY
 
@@ -30,18 +31,12 @@ MAX_REPORT = 65536 + 16
 
 logger = logging.getLogger(__name__)
 
-#: environment variables an interpreter reads only when it starts
-_START_UP_PREFIXES = ("PYTHON", "LD_")
 _SPAWN_ARGS = ["-m", "fiberrl.spawn"]
 
 
 def forkable(command: Sequence[str]) -> bool:
     """Whether ``command`` runs fiberrl's job entry point (what a fork server runs)."""
     return list(command[1:]) == _SPAWN_ARGS
-
-
-def _start_up_env(env: Dict[str, str]) -> Dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(_START_UP_PREFIXES)}
 
 
 class ForkedJob:
@@ -111,7 +106,7 @@ class ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(os.environ)
         env[MARKER_ENV] = "1"
-        self._start_up = _start_up_env(os.environ)
+        self._start_up = start_up_env(os.environ)
         try:
             with interrupts.held():  # so that a Ctrl-C during its start-up is quiet too
                 self.process = subprocess.Popen(
@@ -156,7 +151,7 @@ class ForkServer:
     def matches(self, env: Dict[str, str]) -> bool:
         """Whether a job with ``env`` can be forked here: its interpreter start-up
         variables are the server's."""
-        return _start_up_env(env) == self._start_up
+        return start_up_env(env) == self._start_up
 
     def wait_ready(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the server's imports; whether it is ready."""
