@@ -1,6 +1,6 @@
 """What a pool's master costs per worker, and how it behaves at 64-1,024 workers (issue 23).
 
-    python bench/bench_scale.py [--workers 64 256] [--backend local|slurm] [--cpu 1]
+    python bench/bench_scale.py [--workers 64 256] [--backend local|slurm|docker] [--cpu 1]
                                 [--only idle noop sleep kill node es broadcast] [--fork-reference]
                                 [--per-job 1 16]
 
@@ -345,7 +345,7 @@ def main():
     """Parse the command line and run every size."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[64, 256])
-    parser.add_argument("--backend", default="local", choices=["local", "slurm"])
+    parser.add_argument("--backend", default="local", choices=["local", "slurm", "docker"])
     parser.add_argument("--cpu", type=float, default=None, help="CPUs each worker asks for")
     parser.add_argument("--only", nargs="+", default=["idle", "noop", "sleep", "kill", "node", "es"],
                         choices=["idle", "noop", "sleep", "kill", "node", "es", "broadcast"])

@@ -5,7 +5,8 @@ SIGINT stays blocked from the job's start until step 5 is about to run the targe
 
 0. a spare (started before its job was asked for, :mod:`fiberrl._runtime.spare`)
    first waits for its job's environment and working directory on a pipe;
-1. read the parent's runtime address, the one-time token and the run's secret from
+1. send stdout and stderr to the file the backend follows, if it made one;
+   read the parent's runtime address, the one-time token and the run's secret from
    the environment (and take the last two out of it);
 2. open the watch stream to the parent (:class:`fiberrl._runtime.liveness.ParentWatch`),
    say hello on it and receive the payload (authenticated); from then on heartbeats
@@ -129,6 +130,7 @@ def main() -> int:
     spare_setting = os.environ.get(spare.SPARE_ENV)
     if spare_setting is not None and not spare.become_job(spare_setting):
         return 0   # discarded: no job came
+    jobenv.write_output_to_file()
     address, token = parent_address(), os.environ[TOKEN_ENV]
     secret = run_secret()  # read it before it leaves the environment
     _mp_process.current_process().authkey = secret

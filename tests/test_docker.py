@@ -29,6 +29,28 @@ def test_container_states(state, code, reason):
                             JobState.SUCCEEDED if code == 0 else JobState.FAILED)
 
 
+_WRITER = ("import sys\nfrom fiberrl._runtime import jobenv\njobenv.write_output_to_file()\n"
+           "print('to stdout')\nprint('to stderr', file=sys.stderr)\n")
+
+
+def test_a_job_writes_its_output_into_the_file_it_is_given_if_it_sees_it(tmp_path):
+    import os
+    import sys
+    given = tmp_path / "job.out"
+    given.write_text("")
+    env = dict(os.environ, FIBERRL_OUTPUT_FILE=str(given))
+    out = subprocess.run([sys.executable, "-c", _WRITER], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert (out.returncode, out.stdout, out.stderr) == (0, "", "")
+    assert given.read_text().splitlines() == ["to stdout", "to stderr"]
+    # a path that means another place to the job: its own streams, and no file made
+    env["FIBERRL_OUTPUT_FILE"] = str(tmp_path / "elsewhere" / "job.out")
+    out = subprocess.run([sys.executable, "-c", _WRITER], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert (out.stdout, out.stderr) == ("to stdout\n", "to stderr\n")
+    assert not (tmp_path / "elsewhere").exists()
+
+
 @pytest.fixture
 def docker(tmp_path):
     """fiberrl on the real dockerd for this test; no container outlives it."""
@@ -166,3 +188,74 @@ def test_pid_namespace_setting_is_checked_at_init():
     with pytest.raises(fiberrl.errors.ConfigError, match="docker_pid_namespace"):
         fiberrl.init(backend="docker", extra={"docker_pid_namespace": "shared"})
     assert fiberrl.config.get_config().backend == "local"
+
+
+def _print_then_wait(text, seconds):
+    print(text, flush=True)
+    time.sleep(seconds)
+
+
+def _wait_for_output(capfd, text, timeout):
+    """Everything forwarded to this process's stdout until ``text`` shows, or ``timeout``."""
+    seen, deadline = "", time.monotonic() + timeout
+    while text not in seen and time.monotonic() < deadline:
+        seen += capfd.readouterr().out
+        time.sleep(0.05)
+    return seen
+
+
+def test_output_is_forwarded_live_through_one_thread_and_no_descriptor_per_job(docker, capfd):
+    """A job's output travels through a file this process follows: no log stream (a
+    descriptor and a thread) per container, as before."""
+    import os
+    import threading
+    procs = [fiberrl.Process(target=_print_then_wait, args=(f"live line {i}", 30))
+             for i in range(3)]
+    for proc in procs:
+        proc.start()
+    try:
+        seen = _wait_for_output(capfd, "live line 2", 60)
+        assert all(f"live line {i}" in seen for i in range(3)), seen
+        assert all(proc.is_alive() for proc in procs)   # forwarded while the jobs run
+        names = [t.name for t in threading.enumerate()]
+        assert not [n for n in names if n.startswith("fiberrl-docker-output")], names
+        assert names.count("fiberrl-output-files") == 1, names
+        files = [proc._popen.job.data.output for proc in procs]
+        assert all(os.path.isfile(path) for path in files)
+        assert all(f"live line {i}" in proc.job_logs() for i, proc in enumerate(procs))
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.join(60)
+    assert pool_helpers.wait_until(lambda: not any(os.path.exists(p) for p in files), 10)
+
+
+def test_what_a_job_wrote_before_it_was_killed_is_kept_and_forwarded(docker, capfd):
+    proc = fiberrl.Process(target=_print_then_wait, args=("written before the kill", 60))
+    proc.start()
+    assert "written before the kill" in _wait_for_output(capfd, "written before the kill", 60)
+    subprocess.run(["docker", "kill", proc.job_id], check=True, capture_output=True, timeout=60)
+    proc.join(60)
+    assert proc.exitcode == -9
+    assert "written before the kill" in proc.job_logs()
+
+
+def test_output_written_before_the_job_reached_its_file_is_forwarded_at_its_end(
+        docker, capfd, tmp_path):
+    """What the container printed before fiberrl's entry point took its output (here a
+    wrapper around the image's python) is in the container's own log, forwarded when
+    the job ends and kept in its logs, before what the job wrote into its file."""
+    wrapper = tmp_path / "python-wrapper.sh"
+    wrapper.write_text('#!/bin/sh\necho "from the wrapper"\nexec python3 "$@"\n')
+    wrapper.chmod(0o755)
+    extra = dict(fiberrl.config.get_config().extra, docker_python=str(wrapper),
+                 docker_pid_namespace="private")
+    fiberrl.init(backend="docker", extra=extra)
+    proc = fiberrl.Process(target=_print_and_exit, args=(0,))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
+    seen = _wait_for_output(capfd, "from the wrapper", 10)
+    assert "from the wrapper" in seen and "from inside the container" in seen, seen
+    logs = proc.job_logs()
+    assert logs.index("from the wrapper") < logs.index("from inside the container"), logs

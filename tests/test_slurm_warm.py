@@ -268,10 +268,10 @@ def test_backends_share_one_log_follower_thread(monkeypatch, tmp_path):
     fiberrl.init(backend="slurm", extra={"slurm_log_dir": str(tmp_path)})
     try:
         fiberrl.backends.slurm.SlurmBackend()
-        before = sum(t.name == "fiberrl-slurm-output" for t in threading.enumerate())
+        before = sum(t.name == "fiberrl-output-files" for t in threading.enumerate())
         for _ in range(3):
             fiberrl.backends.slurm.SlurmBackend()
-        after = sum(t.name == "fiberrl-slurm-output" for t in threading.enumerate())
+        after = sum(t.name == "fiberrl-output-files" for t in threading.enumerate())
     finally:
         fiberrl.config.reset()
     assert before == after == 1

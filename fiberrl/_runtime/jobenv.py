@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from typing import Iterator, Optional
 
@@ -17,6 +18,10 @@ JOB_ENV = "FIBERRL_JOB_NAME"
 #: a descriptor the job writes one byte to, then closes, once it is connected to its
 #: parent (what started it may pace further starts on it: Slurm's warm host jobs)
 STARTED_ENV = "FIBERRL_STARTED_FD"
+
+#: a file the job's stdout and stderr go to, made by whoever started it (the Docker
+#: backend on a local dockerd, which follows it: :mod:`fiberrl.backends.output_files`)
+OUTPUT_FILE_ENV = "FIBERRL_OUTPUT_FILE"
 
 _current_token: Optional[str] = None
 _pid = os.getpid()
@@ -89,3 +94,22 @@ def shipping_to(token: str) -> Iterator[None]:
 def shipping_token() -> Optional[str]:
     """The token of the job whose process this thread is pickling, if any."""
     return getattr(_shipping, "token", None)
+
+
+def write_output_to_file() -> None:
+    """Send this job's stdout and stderr to :data:`OUTPUT_FILE_ENV`'s file, if it names
+    one that exists here (it does not when the path means another place to whoever
+    made it: the output then stays on the job's own streams)."""
+    path = os.environ.pop(OUTPUT_FILE_ENV, None)
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)   # made by the parent: not created here
+    except OSError:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)

@@ -26,23 +26,33 @@
 - PID namespace: by default every job of a run joins one namespace held by a small
   container (``docker_pid.py``, setting ``docker_pid_namespace``), so pids are unique
   within the run and ``Process.pid`` is the job's ``os.getpid()``.
-- ``logs``: the container's output, also forwarded live to this process's stdout
-  (``docker_forward_output``, default true).
+- Output (``docker_forward_output``, default true): with dockerd on this host, a job
+  writes its stdout and stderr into a file of the run's output directory, mounted
+  at the same path in every job (so a job's own Docker jobs use it too), and this
+  process's one :mod:`.output_files` thread forwards it live: no descriptor or
+  thread per container, and whatever a job wrote before it was killed is kept.
+  What a job wrote before it reached its file (an interpreter that could not start)
+  is in the container's own log, forwarded when the job ends. With a remote dockerd
+  (``DOCKER_HOST`` not a local socket) each container's log is streamed instead.
+  ``logs``: both, the container's log first.
 """
 from __future__ import annotations
 
 import logging
 import os
 import re
+import shutil
 import signal
+import socket
 import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
+from .._runtime.jobenv import OUTPUT_FILE_ENV
 from ..config import get_config
 from ..errors import BackendError
-from . import addresses
+from . import addresses, output_files
 from .base import Backend, Job, JobInfo, JobSpec, JobState, JobStatus, run_id, user_name
 from . import docker_pid
 from .docker_pid import HOLDER_ROLE, check_mode, start_or_remove
@@ -53,6 +63,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_IMAGE = "fiberrl-worker:cpu"
 LABEL_RUN, LABEL_USER, LABEL_NAME = "fiberrl.run", "fiberrl.user", "fiberrl.name"
 _TAIL_KEPT = 200
+#: the run's output directory, inherited by jobs (a job's own Docker jobs write there too)
+OUTPUT_DIR_ENV = "FIBERRL_DOCKER_OUTPUT_DIR"
 
 
 def _docker_module():
@@ -72,6 +84,7 @@ class _ContainerData:
     final: Optional[JobStatus] = None
     tail: str = ""
     pid_holder: Optional[str] = None  # the holder container whose namespace it joined
+    output: Optional[str] = None      # the file its stdout and stderr go to, if any
 
 
 def exit_status(state: Mapping[str, Any]) -> JobStatus:
@@ -100,8 +113,35 @@ def container_name(spec: JobSpec) -> str:
     return f"fiberrl-{slug}-{uuid.uuid4().hex[:8]}"
 
 
+def _output_dir(log_dir: Optional[str]) -> str:
+    """The run's output directory here: the one a parent job made (mounted in this
+    container at the same path), else a new one, removed when this process exits."""
+    inherited = os.environ.get(OUTPUT_DIR_ENV)
+    if inherited and os.path.isdir(inherited):
+        return inherited
+    base = log_dir or os.path.join(os.path.expanduser("~"), ".fiberrl", "docker")
+    path = os.path.join(base, f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    os.makedirs(path, mode=0o700)
+    from multiprocessing import util as _mp_util
+    _mp_util.Finalize(None, shutil.rmtree, args=(path, True), exitpriority=-20)
+    return path
+
+
+def _file_tail(path: str, lines: int) -> str:
+    """The last ``lines`` lines of file ``path`` ("" if it cannot be read)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 256 * lines))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
 class _OutputForwarder:
-    """Streams each container's output to this process's stdout, one thread per container."""
+    """Streams each container's log to this process's stdout, one thread per container
+    (for a remote dockerd, whose jobs cannot share a file with this process)."""
 
     def follow(self, container: Any) -> None:
         thread = threading.Thread(target=self._pump, args=(container,), daemon=True,
@@ -142,25 +182,48 @@ class DockerBackend(Backend):
         self._image = cfg.image or self._extra.get("docker_image") or DEFAULT_IMAGE
         self._listen_host = listen_host
         self._images_seen: set = set()
-        self._forwarder = (_OutputForwarder() if self._extra.get("docker_forward_output", True)
-                           else None)
-        self.forwards_output = self._forwarder is not None
+        self.forwards_output = bool(self._extra.get("docker_forward_output", True))
+        local = self._socket_path() is not None
+        self._output_dir = _output_dir(cfg.log_dir) if self.forwards_output and local else None
+        self._follower = output_files.follower.get() if self._output_dir else None
+        self._forwarder = _OutputForwarder() if self.forwards_output and not local else None
 
     # -- submitting ---------------------------------------------------------------
     def create_job(self, spec: JobSpec) -> Job:
         image = spec.image or self._image
         self._ensure_image(image)
         options = self._run_options(spec)
-        container = self._run_container(image, spec, options)
+        output = self._output_file(options)
+        try:
+            container = self._run_container(image, spec, options)
+        except BaseException:
+            if output is not None:
+                os.unlink(output)
+            raise
         holder = options.get("pid_mode", "").partition("container:")[2] or None
         job = Job(id=container.name, backend=self.name, spec=spec, host=container.short_id,
-                  data=_ContainerData(container, pid_holder=holder))
+                  data=_ContainerData(container, pid_holder=holder, output=output))
         if holder:
             self._pid_namespace.joined(container.name)
+        if output is not None:
+            self._follower.follow(output)
         if self._forwarder is not None:
             self._forwarder.follow(container)
         logger.debug("started container %s (%s) for %s", container.name, image, spec.name)
         return job
+
+    def _output_file(self, options: Dict[str, Any]) -> Optional[str]:
+        """Make the file the job's output goes to, and tell the job (None if not following
+        files). Made here, so that a job that cannot see it (a path that means another
+        place to it) keeps writing its own log rather than a file nobody reads."""
+        if self._output_dir is None:
+            return None
+        path = os.path.join(self._output_dir, f"{options['name']}.out")
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        options["environment"].update({OUTPUT_FILE_ENV: path, OUTPUT_DIR_ENV: self._output_dir})
+        options.setdefault("volumes", {})[self._output_dir] = {"bind": self._output_dir,
+                                                               "mode": "rw"}
+        return path
 
     def _run_container(self, image: str, spec: JobSpec, options: Dict[str, Any]) -> Any:
         """The job's container, started in the run's PID namespace if so configured (a
@@ -285,7 +348,21 @@ class DockerBackend(Backend):
 
     def _keep_tail_and_remove(self, data: _ContainerData) -> None:
         try:
-            data.tail = data.container.logs(tail=_TAIL_KEPT).decode("utf-8", "replace")
+            own_log = data.container.logs(tail=_TAIL_KEPT)
+        except self._docker.errors.APIError as exc:
+            logger.debug("log of container %s: %s", data.container.name, exc)
+            own_log = b""
+        data.tail = own_log.decode("utf-8", "replace")
+        if data.output is not None:
+            if own_log:   # written before the job reached its file: not forwarded yet
+                try:
+                    os.write(1, own_log)
+                except OSError:
+                    pass
+            data.tail = "\n".join(filter(None, [data.tail.rstrip("\n"),
+                                                 _file_tail(data.output, _TAIL_KEPT)]))
+            self._follower.finish(data.output, remove=True)
+        try:
             data.container.remove(force=True)
         except self._docker.errors.APIError as exc:
             logger.debug("removing container %s: %s", data.container.name, exc)
@@ -309,6 +386,8 @@ class DockerBackend(Backend):
                 text = data.container.logs(tail=tail).decode("utf-8", "replace")
             except self._docker.errors.APIError:
                 text = data.tail
+            if data.output is not None:
+                text = "\n".join(filter(None, [text.rstrip("\n"), _file_tail(data.output, tail)]))
         return "\n".join(text.splitlines()[-tail:])
 
     def listen_host(self) -> str:

@@ -35,7 +35,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
@@ -45,7 +44,8 @@ from ...errors import BackendError
 from .. import addresses
 from . import submit as slurm_submit
 from . import warm
-from ..base import Backend, Job, JobInfo, JobSpec, JobState, JobStatus, PerProcess
+from .. import output_files
+from ..base import Backend, Job, JobInfo, JobSpec, JobState, JobStatus
 from .jobs import UNKNOWN_JOB, JobTable, parse_duration, run_slurm, status_of
 
 logger = logging.getLogger(__name__)
@@ -78,69 +78,12 @@ def allocation_for_steps(setting: str = "auto") -> Optional[str]:
     return os.environ.get("SLURM_JOB_ID") or None
 
 
-class _OutputFollower:
-    """Forwards the new lines of running jobs' log files to this process's stdout."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._offsets: Dict[str, int] = {}
-        self._closing: Dict[str, float] = {}
-        self._thread = threading.Thread(target=self._run, name="fiberrl-slurm-output",
-                                        daemon=True)
-        self._thread.start()
-
-    def follow(self, path: str) -> None:
-        with self._lock:
-            self._offsets.setdefault(path, 0)
-
-    def finish(self, path: str) -> None:
-        """The job ended: forward what is left, then stop following ``path``."""
-        with self._lock:
-            if path in self._offsets:
-                self._closing.setdefault(path, time.monotonic())
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                paths = list(self._offsets)
-            for path in paths:
-                self._pump(path)
-            time.sleep(0.2)
-
-    def _pump(self, path: str) -> None:
-        with self._lock:
-            closing = self._closing.get(path)
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(self._offsets[path])
-                chunk = fh.read(1 << 20)
-        except OSError:
-            chunk = b""
-        if closing is None:
-            chunk = chunk[:chunk.rfind(b"\n") + 1]  # whole lines only while the job runs
-        if chunk:
-            self._offsets[path] += len(chunk)
-            kept = b"".join(line for line in chunk.splitlines(keepends=True)
-                            if not _CANCEL_NOTICE.match(line))
-            try:
-                os.write(1, kept)
-            except OSError:
-                pass
-        if closing is not None and not chunk and time.monotonic() - closing > 0.5:
-            with self._lock:
-                self._offsets.pop(path, None)
-                self._closing.pop(path, None)
-
-
 #: slurmstepd's notice in a job's output when the job is cancelled; the job's exit
 #: reason says the same, so it is not forwarded
 _CANCEL_NOTICE = re.compile(rb"^slurmstepd[^:]*: error: \*\*\* (JOB|STEP) \S+ ON \S+ "
                             rb"CANCELLED AT \S+ .*\*\*\*\s*$")
 
 
-#: this process's one follower of Slurm job logs, shared by every Slurm backend (a
-#: follower per backend would leave a thread behind with each backend made)
-_log_follower = PerProcess(_OutputFollower)
 
 
 class SlurmBackend(Backend):
@@ -169,7 +112,8 @@ class SlurmBackend(Backend):
         self._table = JobTable()
         self._hosts: Dict[str, List[Job]] = {}  # host job id -> the jobs it forks
         self._step_hosts: Dict[str, Job] = {}   # host jobs that are steps of the allocation
-        self._follower = (_log_follower.get() if self._extra.get("slurm_forward_output", True)
+        self._follower = (output_files.follower.get()
+                          if self._extra.get("slurm_forward_output", True)
                           else None)
         self.forwards_output = self._follower is not None
         self._lock = threading.Lock()
@@ -226,7 +170,7 @@ class SlurmBackend(Backend):
             jobs.append(Job(id=job_id, backend=self.name, spec=spec,
                             data=_JobData(log=log)))
             if self._follower is not None:
-                self._follower.follow(log)
+                self._follower.follow(log, drop=_CANCEL_NOTICE)
         logger.debug("submitted %s (%d job(s)) for %s", base_id, len(ids), specs[0].name)
         return jobs
 
@@ -267,7 +211,7 @@ class SlurmBackend(Backend):
                 forked.append(Job(id=f"{host.id}.{index}", backend=self.name, spec=spec,
                                   data=_JobData(log=log, warm=slot)))
                 if self._follower is not None:
-                    self._follower.follow(log)
+                    self._follower.follow(log, drop=_CANCEL_NOTICE)
             with self._lock:
                 self._hosts[host.id] = forked
             jobs += forked
@@ -290,7 +234,7 @@ class SlurmBackend(Backend):
         job = Job(id=f"{self._allocation}:{step_name}", backend=self.name, spec=spec,
                   data=_JobData(log=log, step=srun, step_name=step_name))
         if self._follower is not None:
-            self._follower.follow(log)
+            self._follower.follow(log, drop=_CANCEL_NOTICE)
         return job
 
     # -- watching -------------------------------------------------------------------

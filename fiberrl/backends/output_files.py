@@ -1,0 +1,108 @@
+"""Jobs' output written to files that this process follows: Slurm jobs' logs, and
+Docker jobs' output when dockerd runs on this host.
+
+A job writing into a file keeps all it wrote, even if it is killed a moment later:
+each write is the kernel's at once, with no thread of the job's copying it and no
+descriptor of ours held per job. One thread per process (``fiberrl-output-files``)
+looks at every followed file five times a second and writes the whole lines that
+grew there to this process's stdout. When its job ends, the rest (a last line
+without its newline too) is forwarded, and the file is dropped once it has not grown
+for half a second (deleted too, if the backend asks).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+from .base import PerProcess
+
+logger = logging.getLogger(__name__)
+
+POLL_INTERVAL = 0.2
+#: seconds an ended job's file must stay unchanged before it is dropped
+SETTLE = 0.5
+
+
+@dataclass
+class _Followed:
+    offset: int = 0
+    drop: Optional["re.Pattern[bytes]"] = None   # lines not forwarded
+    ended_at: Optional[float] = None
+    remove: bool = False
+
+
+class OutputFollower:
+    """Forwards what running jobs write into their output files to this process's stdout."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._files: Dict[str, _Followed] = {}
+        self._thread = threading.Thread(target=self._run, name="fiberrl-output-files",
+                                        daemon=True)
+        self._thread.start()
+
+    def follow(self, path: str, drop: Optional["re.Pattern[bytes]"] = None) -> None:
+        """Forward the lines written to ``path`` from now on (but those ``drop`` matches)."""
+        with self._lock:
+            self._files.setdefault(path, _Followed(drop=drop))
+
+    def finish(self, path: str, remove: bool = False) -> None:
+        """The job writing ``path`` ended: forward what is left, then stop following it
+        (and delete it, if ``remove``)."""
+        with self._lock:
+            followed = self._files.get(path)
+            if followed is not None and followed.ended_at is None:
+                followed.ended_at, followed.remove = time.monotonic(), remove
+
+    def following(self, path: str) -> bool:
+        """Whether ``path`` is still followed (its end not yet forwarded)."""
+        with self._lock:
+            return path in self._files
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                files = list(self._files.items())
+            for path, followed in files:
+                self._pump(path, followed)
+            time.sleep(POLL_INTERVAL)
+
+    def _pump(self, path: str, followed: _Followed) -> None:
+        ended_at = followed.ended_at
+        chunk = b""
+        try:
+            if os.stat(path).st_size > followed.offset:
+                with open(path, "rb") as fh:
+                    fh.seek(followed.offset)
+                    chunk = fh.read(1 << 20)
+        except OSError:
+            pass
+        if ended_at is None:
+            chunk = chunk[:chunk.rfind(b"\n") + 1]  # whole lines only while the job runs
+        if chunk:
+            followed.offset += len(chunk)
+            if followed.drop is not None:
+                chunk = b"".join(line for line in chunk.splitlines(keepends=True)
+                                 if not followed.drop.match(line))
+            try:
+                os.write(1, chunk)
+            except OSError:
+                pass
+        elif ended_at is not None and time.monotonic() - ended_at > SETTLE:
+            with self._lock:
+                self._files.pop(path, None)
+            if followed.remove:
+                try:
+                    os.unlink(path)
+                except OSError as exc:
+                    logger.debug("could not remove %s: %s", path, exc)
+
+
+#: this process's one follower of output files, shared by every backend (one per
+#: backend object would leave a thread behind with each backend made)
+follower = PerProcess(OutputFollower)
