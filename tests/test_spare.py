@@ -58,17 +58,19 @@ def test_a_fresh_programs_first_pool_worker_is_the_spare_with_its_own_environmen
         def describe(_):
             time.sleep(0.02)
             return (os.getpid(), multiprocessing.current_process().name, os.getcwd(),
-                    sorted(k for k in os.environ if k.startswith("FIBERRL_")))
+                    sorted(k for k in os.environ if k.startswith("FIBERRL_")),
+                    fiberrl.config.get_config().extra.get("probe"))
 
         if __name__ == "__main__":
             os.environ["FIBERRL_TEST_MARK"] = "set before Pool()"
+            fiberrl.init(extra={"probe": 42})   # the job's configuration, not the spare's
             with fiberrl.Pool(2) as pool:
                 rows = pool.map(describe, range(40), chunksize=1)
                 spares = []
-                for pid, name, cwd, env in {r[0]: r for r in rows}.values():
+                for pid, name, cwd, env, probe in {r[0]: r for r in rows}.values():
                     with open(f"/proc/{pid}/environ", "rb") as fh:
                         if any(e.startswith(b"FIBERRL_SPARE=") for e in fh.read().split(b"\\0")):
-                            spares.append([pid, name, cwd, env])
+                            spares.append([pid, name, cwd, env, probe])
                 from fiberrl.backends.local import LocalBackend
                 listed = {j.id: [j.name, j.run] for j in LocalBackend().list_jobs()}
                 print(json.dumps({"spares": spares, "listed": listed,
@@ -77,8 +79,8 @@ def test_a_fresh_programs_first_pool_worker_is_the_spare_with_its_own_environmen
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
     assert len(report["spares"]) == 1, report   # the first worker, and only it
-    pid, name, cwd, env = report["spares"][0]
-    assert cwd == str(tmp_path)
+    pid, name, cwd, env, probe = report["spares"][0]
+    assert cwd == str(tmp_path) and probe == 42
     assert "FIBERRL_SPARE" not in env            # the job's environment, not the spare's
     assert "FIBERRL_TEST_MARK" in env and "FIBERRL_JOB_NAME" in env
     assert report["listed"][f"local-{pid}"] == [name, report["run"]]   # fiberrl ps
