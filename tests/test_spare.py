@@ -16,11 +16,11 @@ from fiberrl._runtime import spare
 SPARE_MARK = spare.SPARE_ENV.encode() + b"="
 
 
-def _run(script: str, tmp_path, timeout: float = 120) -> subprocess.CompletedProcess:
+def _run(script: str, tmp_path, timeout: float = 120, options=()) -> subprocess.CompletedProcess:
     path = tmp_path / "main.py"
     path.write_text(textwrap.dedent(script))
-    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
-                          timeout=timeout, cwd=tmp_path)
+    return subprocess.run([sys.executable, *options, str(path)], capture_output=True,
+                          text=True, timeout=timeout, cwd=tmp_path)
 
 
 def _started_as_spare(pid: int) -> bool:
@@ -98,13 +98,16 @@ def test_a_spare_not_taken_because_pool_failed_exits_at_once(tmp_path):
                 fiberrl.Pool(0)
             except ValueError as exc:
                 print("refused:", exc)
-            spares = [p for p in psutil.Process().children()
-                      if b"FIBERRL_SPARE=" in open(f"/proc/{p.pid}/environ", "rb").read()]
+            spares = []
+            for child in psutil.Process().children():
+                with open(f"/proc/{child.pid}/environ", "rb") as fh:
+                    if b"FIBERRL_SPARE=" in fh.read():
+                        spares.append(child)
             assert spares, "no spare was started"
             gone, alive = psutil.wait_procs(spares, timeout=5)
             print("alive after", round(time.monotonic() - started, 1), "s:", len(alive))
             print("exit codes:", sorted(p.returncode for p in gone))
-    """, tmp_path)
+    """, tmp_path, options=("-X", "dev"))   # dev mode shows a subprocess dropped unreaped
     assert result.returncode == 0, result.stderr
     assert "refused:" in result.stdout
     assert "s: 0" in result.stdout and "exit codes: [0]" in result.stdout, result.stdout

@@ -27,12 +27,13 @@ job. The two starts overlap.
 """
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
 import sys
 import threading
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from . import interrupts
 
@@ -84,25 +85,38 @@ class _Spare:
             while view:
                 view = view[os.write(self.request_fd, view):]
         except OSError:   # EPIPE: it ended meanwhile
-            self.discard()
             return False
         os.close(self.request_fd)
         self.request_fd = -1
         return True
 
     def discard(self) -> None:
-        """Close the pipe: the spare exits at its end of file (reaped by ``subprocess``)."""
+        """Close the pipe: the spare exits at its end of file (reaped later, or at exit)."""
         if self.request_fd >= 0:
             os.close(self.request_fd)
             self.request_fd = -1
         for stream in (self.popen.stdout, self.popen.stderr):
             if stream is not None:
                 stream.close()
+        with _lock:
+            _leaving[:] = [p for p in _leaving if p.poll() is None] + [self.popen]
 
 
 _lock = threading.Lock()
 _spares: Dict[int, _Spare] = {}     # pid -> this process's spare, not yet taken
 _started_in: set = set()            # pids of processes that started their spare
+_leaving: List[Any] = []            # discarded spares' Popen objects, until reaped
+
+
+@atexit.register
+def _reap_discarded() -> None:
+    """Reap the discarded spares (a ``Popen`` dropped while its process runs warns)."""
+    for popen in _leaving:
+        try:
+            popen.wait(timeout=1.0)
+        except Exception:   # (subprocess.TimeoutExpired) stuck: not waited for longer
+            popen.kill()
+            popen.wait()
 
 
 def _forget_in_child() -> None:
@@ -111,6 +125,7 @@ def _forget_in_child() -> None:
         if spare.request_fd >= 0:
             os.close(spare.request_fd)
     _spares.clear()
+    _leaving.clear()   # the parent's children, not this process's
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
