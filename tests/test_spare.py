@@ -188,3 +188,9 @@ def test_a_forked_child_of_the_parent_does_not_keep_a_discarded_spare_waiting(ow
         os.kill(child, 9)
         os.waitpid(child, 0)
     assert not _live_spares()
+
+
+def test_a_spare_that_died_before_its_job_is_passed_over(own_spare):
+    own_spare.kill()
+    own_spare.wait(10)
+    assert spare.take(sys.executable, dict(os.environ), os.getcwd()) is None
