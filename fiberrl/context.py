@@ -74,9 +74,12 @@ class FiberContext(_mp_context.BaseContext):
              maxtasksperchild: Optional[int] = None, **options: Any):
         """A pool of job-backed workers (see :class:`fiberrl.pool.Pool`)."""
         from ._runtime import spare
-        # its first worker's interpreter starts while the pool's modules import; started
-        # before the configuration is even read, and dropped if the backend is not local
-        spare.prestart(sys.executable, preload=("fiberrl.pool.worker",))
+        # its first worker's interpreter starts while the pool's modules import: before
+        # the configuration is read in a fresh program (reading it costs ~20 ms), so
+        # dropped below if the backend is not local; not started if it is known not to be
+        settings = sys.modules.get("fiberrl.config")
+        if settings is None or settings.backend_name() == "local":
+            spare.prestart(sys.executable, preload=("fiberrl.pool.worker",))
         try:
             from .config import backend_name
             if backend_name() != "local":

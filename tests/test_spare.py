@@ -194,3 +194,19 @@ def test_a_spare_that_died_before_its_job_is_passed_over(own_spare):
     own_spare.kill()
     own_spare.wait(10)
     assert spare.take(sys.executable, dict(os.environ), os.getcwd()) is None
+
+
+def test_no_spare_is_started_for_a_backend_configured_before_pool(tmp_path):
+    result = _run("""
+        import psutil
+        import fiberrl
+
+        if __name__ == "__main__":
+            fiberrl.init(backend="kubernetes")   # no API server: Pool() fails, later
+            try:
+                fiberrl.Pool(1)
+            except Exception as exc:
+                print("pool:", type(exc).__name__)
+            print("children:", len(psutil.Process().children()))
+    """, tmp_path)
+    assert "children: 0" in result.stdout, (result.stdout, result.stderr)
