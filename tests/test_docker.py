@@ -244,12 +244,13 @@ def test_output_written_before_the_job_reached_its_file_is_forwarded_at_its_end(
         docker, capfd, tmp_path):
     """What the container printed before fiberrl's entry point took its output (here a
     wrapper around the image's python) is in the container's own log, forwarded when
-    the job ends and kept in its logs, before what the job wrote into its file."""
+    the job ends and kept in its logs, before what the job wrote into its file. The
+    wrapper lives in a mounted directory: the run's PID-namespace holder, which runs
+    ``docker_python`` too, gets the job's mounts (without them it could not start)."""
     wrapper = tmp_path / "python-wrapper.sh"
     wrapper.write_text('#!/bin/sh\necho "from the wrapper"\nexec python3 "$@"\n')
     wrapper.chmod(0o755)
-    extra = dict(fiberrl.config.get_config().extra, docker_python=str(wrapper),
-                 docker_pid_namespace="private")
+    extra = dict(fiberrl.config.get_config().extra, docker_python=str(wrapper))
     fiberrl.init(backend="docker", extra=extra)
     proc = fiberrl.Process(target=_print_and_exit, args=(0,))
     proc.start()

@@ -231,7 +231,7 @@ class DockerBackend(Backend):
         for attempt in (1, 2):
             if self._pid_mode == "run":
                 options["pid_mode"] = self._pid_namespace.pid_mode(
-                    image, self._extra.get("docker_python", "python3"))
+                    image, self._extra.get("docker_python", "python3"), options.get("volumes"))
             try:
                 return start_or_remove(self._client, self._docker, image, options)
             except self._docker.errors.APIError as exc:

@@ -11,8 +11,10 @@
 - ``host``: the host's namespace (``pid_mode="host"``): host pids, and every
   container sees every process of the host.
 
-The holder runs ``docker-init`` as its pid 1, which reaps the zombies of every job
-(Docker adds no init to a container that joins another's namespace, so a job's python
+The holder runs ``docker_python`` with the mounts of the job that started it (the
+interpreter may live in one of them), under ``docker-init`` as its pid 1, which reaps
+the zombies of every job (Docker adds no init to a container that joins another's
+namespace, so a job's python
 is neither pid 1 nor under an init of its own: signals act as on a host). When the
 holder ends, the kernel kills every process of the namespace: its jobs end by
 SIGKILL, and :meth:`PidNamespace.lost_reason` says why. The process that started the
@@ -136,11 +138,13 @@ class PidNamespace:
             ident = self._take_owned() if not self._live else None
         self._remove(ident)
 
-    def pid_mode(self, image: str, python: str) -> str:
-        """``container:<id>`` of a running holder, starting one if there is none."""
+    def pid_mode(self, image: str, python: str,
+                 volumes: Optional[Dict[str, Any]] = None) -> str:
+        """``container:<id>`` of a running holder, starting one if there is none (with
+        ``volumes``, the job's mounts, in which ``python`` may live)."""
         with self._lock:
             if self._id is None or not self._running(self._id):
-                self._id = self._ensure(image, python)
+                self._id = self._ensure(image, python, volumes)
             return f"container:{self._id}"
 
     def forget(self) -> None:
@@ -157,7 +161,7 @@ class PidNamespace:
             logger.debug("inspect of pid-namespace holder %s: %s", ident, exc)
             return True  # let the job's own start say what is wrong
 
-    def _ensure(self, image: str, python: str) -> str:
+    def _ensure(self, image: str, python: str, volumes: Optional[Dict[str, Any]]) -> str:
         deadline = time.monotonic() + 30.0
         while True:
             try:
@@ -168,7 +172,7 @@ class PidNamespace:
                 found = None
             if found is None:
                 try:
-                    return self._start(image, python)
+                    return self._start(image, python, volumes)
                 except self._docker.errors.APIError as exc:
                     if exc.status_code != 409:  # 409: another process of the run made it
                         raise BackendError(f"dockerd refused the run's pid-namespace holder "
@@ -178,11 +182,14 @@ class PidNamespace:
                                    f"run (state {getattr(found, 'status', 'unknown')!r})")
             time.sleep(0.2)  # an ended holder being removed, or one starting
 
-    def _start(self, image: str, python: str) -> str:
+    def _start(self, image: str, python: str, volumes: Optional[Dict[str, Any]]) -> str:
         started = time.monotonic()
-        container = start_or_remove(self._client, self._docker, image, dict(
-            command=[python, "-c", _HOLDER_SCRIPT], name=self.name, detach=True, init=True,
-            auto_remove=True, network_mode="none", labels=self._labels, stdin_open=False))
+        options = dict(command=[python, "-c", _HOLDER_SCRIPT], name=self.name, detach=True,
+                       init=True, auto_remove=True, network_mode="none", labels=self._labels,
+                       stdin_open=False)
+        if volumes:
+            options["volumes"] = volumes
+        container = start_or_remove(self._client, self._docker, image, options)
         self._owned = container.id
         logger.info("started pid-namespace holder %s in %.2f s", self.name,
                     time.monotonic() - started)
