@@ -260,3 +260,28 @@ def test_output_written_before_the_job_reached_its_file_is_forwarded_at_its_end(
     assert "from the wrapper" in seen and "from inside the container" in seen, seen
     logs = proc.job_logs()
     assert logs.index("from the wrapper") < logs.index("from inside the container"), logs
+
+
+def test_the_output_follower_keeps_up_with_a_fast_writer_and_long_lines(tmp_path):
+    """Every followed file is looked at five times a second; a look reads on while the
+    file has more (up to 64 MiB), and a line longer than a read is forwarded in pieces."""
+    import os
+    import sys
+    script = (
+        "import os, sys, time\n"
+        "from fiberrl.backends.output_files import OutputFollower\n"
+        "path = sys.argv[1]\n"
+        "follower = OutputFollower()\n"
+        "follower.follow(path)\n"
+        "with open(path, 'ab') as fh:\n"
+        "    fh.write(b'x' * (3 << 20))\n"           # one 3 MiB line, no newline yet
+        "    fh.write((b'line\\n') * (1 << 20))\n"   # then 5 MiB of short lines
+        "time.sleep(0.6)\n"                           # about three looks
+        "os.write(2, b'done\\n')\n"
+    )
+    path = tmp_path / "job.out"
+    path.write_bytes(b"")
+    out = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True,
+                         timeout=60)
+    assert out.stderr.endswith(b"done\n"), out.stderr[-500:]
+    assert out.stdout == path.read_bytes(), (len(out.stdout), os.path.getsize(path))

@@ -24,6 +24,10 @@ from .base import PerProcess
 logger = logging.getLogger(__name__)
 
 POLL_INTERVAL = 0.2
+#: bytes read from one file at a time; a look goes on reading while there is more,
+#: up to BURST, so a job that prints fast is not held to CHUNK per look
+CHUNK = 1 << 20
+BURST = 64 << 20
 #: seconds an ended job's file must stay unchanged before it is dropped
 SETTLE = 0.5
 
@@ -69,21 +73,32 @@ class OutputFollower:
             with self._lock:
                 files = list(self._files.items())
             for path, followed in files:
-                self._pump(path, followed)
+                forwarded = 0
+                try:
+                    while forwarded < BURST:
+                        read = self._pump(path, followed)
+                        forwarded += read
+                        if read < CHUNK:
+                            break
+                except Exception:   # one bad file must not end every job's output
+                    logger.warning("forwarding the output in %s failed", path, exc_info=True)
             time.sleep(POLL_INTERVAL)
 
-    def _pump(self, path: str, followed: _Followed) -> None:
+    def _pump(self, path: str, followed: _Followed) -> int:
+        """Forward what grew in ``path`` (whole lines while its job runs, unless a line
+        is longer than :data:`CHUNK`); how many bytes were forwarded."""
         ended_at = followed.ended_at
         chunk = b""
         try:
             if os.stat(path).st_size > followed.offset:
                 with open(path, "rb") as fh:
                     fh.seek(followed.offset)
-                    chunk = fh.read(1 << 20)
+                    chunk = fh.read(CHUNK)
         except OSError:
             pass
-        if ended_at is None:
+        if ended_at is None and len(chunk) < CHUNK:
             chunk = chunk[:chunk.rfind(b"\n") + 1]  # whole lines only while the job runs
+        read = len(chunk)
         if chunk:
             followed.offset += len(chunk)
             if followed.drop is not None:
@@ -101,6 +116,7 @@ class OutputFollower:
                     os.unlink(path)
                 except OSError as exc:
                     logger.debug("could not remove %s: %s", path, exc)
+        return read
 
 
 #: this process's one follower of output files, shared by every backend (one per
