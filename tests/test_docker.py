@@ -285,3 +285,21 @@ def test_the_output_follower_keeps_up_with_a_fast_writer_and_long_lines(tmp_path
                          timeout=60)
     assert out.stderr.endswith(b"done\n"), out.stderr[-500:]
     assert out.stdout == path.read_bytes(), (len(out.stdout), os.path.getsize(path))
+
+
+def test_a_job_whose_output_file_cannot_be_made_keeps_its_output(docker, capfd, caplog):
+    """The run's output directory removed under the backend: the job runs anyway, and its
+    output, in Docker's own log, is forwarded and kept when it ends."""
+    import shutil
+    first = fiberrl.Process(target=print, args=("first job",))   # the backend is made
+    first.start()
+    first.join(60)
+    backend = fiberrl.backends.default_backend()
+    shutil.rmtree(backend._output_dir)
+    proc = fiberrl.Process(target=_print_and_exit, args=(0,))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert "from inside the container" in _wait_for_output(capfd, "from inside the container", 10)
+    assert "from inside the container" in proc.job_logs()
+    assert "no output file" in caplog.text

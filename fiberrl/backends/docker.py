@@ -219,7 +219,12 @@ class DockerBackend(Backend):
         if self._output_dir is None:
             return None
         path = os.path.join(self._output_dir, f"{options['name']}.out")
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except OSError as exc:   # (a full disk, a removed directory) its own log instead
+            logger.warning("no output file for %s (%s): its output is forwarded when it "
+                           "ends", options["name"], exc)
+            return None
         options["environment"].update({OUTPUT_FILE_ENV: path, OUTPUT_DIR_ENV: self._output_dir})
         options.setdefault("volumes", {})[self._output_dir] = {"bind": self._output_dir,
                                                                "mode": "rw"}
@@ -353,12 +358,13 @@ class DockerBackend(Backend):
             logger.debug("log of container %s: %s", data.container.name, exc)
             own_log = b""
         data.tail = own_log.decode("utf-8", "replace")
+        if own_log and self._follower is not None:
+            # not forwarded yet: written before the job reached its file, or it had none
+            try:
+                os.write(1, own_log)
+            except OSError:
+                pass
         if data.output is not None:
-            if own_log:   # written before the job reached its file: not forwarded yet
-                try:
-                    os.write(1, own_log)
-                except OSError:
-                    pass
             data.tail = "\n".join(filter(None, [data.tail.rstrip("\n"),
                                                  _file_tail(data.output, _TAIL_KEPT)]))
             self._follower.finish(data.output, remove=True)
