@@ -303,3 +303,17 @@ def test_a_job_whose_output_file_cannot_be_made_keeps_its_output(docker, capfd, 
     assert "from inside the container" in _wait_for_output(capfd, "from inside the container", 10)
     assert "from inside the container" in proc.job_logs()
     assert "no output file" in caplog.text
+
+
+def test_no_output_directory_streams_each_containers_log_instead(docker, capfd, tmp_path):
+    import os
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    fiberrl.init(backend="docker", log_dir=str(blocked),
+                 extra=fiberrl.config.get_config().extra)
+    os.environ.pop("FIBERRL_DOCKER_OUTPUT_DIR", None)
+    proc = fiberrl.Process(target=_print_and_exit, args=(0,))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert "from inside the container" in _wait_for_output(capfd, "from inside the container", 10)

@@ -38,6 +38,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -113,15 +114,21 @@ def container_name(spec: JobSpec) -> str:
     return f"fiberrl-{slug}-{uuid.uuid4().hex[:8]}"
 
 
-def _output_dir(log_dir: Optional[str]) -> str:
+def _output_dir(log_dir: Optional[str]) -> Optional[str]:
     """The run's output directory here: the one a parent job made (mounted in this
-    container at the same path), else a new one, removed when this process exits."""
+    container at the same path), else a new one, removed when this process exits; None
+    if none can be made (each container's log is then streamed)."""
     inherited = os.environ.get(OUTPUT_DIR_ENV)
     if inherited and os.path.isdir(inherited):
         return inherited
     base = log_dir or os.path.join(os.path.expanduser("~"), ".fiberrl", "docker")
     path = os.path.join(base, f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
-    os.makedirs(path, mode=0o700)
+    try:
+        os.makedirs(path, mode=0o700)
+    except OSError as exc:
+        logger.warning("cannot make the Docker jobs' output directory %s (%s); streaming "
+                       "each container's log instead", path, exc)
+        return None
     from multiprocessing import util as _mp_util
     _mp_util.Finalize(None, shutil.rmtree, args=(path, True), exitpriority=-20)
     return path
@@ -186,7 +193,8 @@ class DockerBackend(Backend):
         local = self._socket_path() is not None
         self._output_dir = _output_dir(cfg.log_dir) if self.forwards_output and local else None
         self._follower = output_files.follower.get() if self._output_dir else None
-        self._forwarder = _OutputForwarder() if self.forwards_output and not local else None
+        self._forwarder = (_OutputForwarder() if self.forwards_output and self._follower is None
+                           else None)
 
     # -- submitting ---------------------------------------------------------------
     def create_job(self, spec: JobSpec) -> Job:
@@ -198,7 +206,8 @@ class DockerBackend(Backend):
             container = self._run_container(image, spec, options)
         except BaseException:
             if output is not None:
-                os.unlink(output)
+                with contextlib.suppress(OSError):
+                    os.unlink(output)
             raise
         holder = options.get("pid_mode", "").partition("container:")[2] or None
         job = Job(id=container.name, backend=self.name, spec=spec, host=container.short_id,
