@@ -73,8 +73,11 @@ def test_a_fresh_programs_first_pool_worker_is_the_spare_with_its_own_environmen
                             spares.append([pid, name, cwd, env, probe])
                 from fiberrl.backends.local import LocalBackend
                 listed = {j.id: [j.name, j.run] for j in LocalBackend().list_jobs()}
-                print(json.dumps({"spares": spares, "listed": listed,
-                                  "run": os.environ["FIBERRL_RUN_ID"]}))
+                report = {"spares": spares, "listed": listed,
+                          "run": os.environ["FIBERRL_RUN_ID"]}
+            from fiberrl.backends.local.forkserver import read_table
+            report["recorded_after"] = [read_table(pid) for pid, *_ in spares]
+            print(json.dumps(report))
     """, tmp_path)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
@@ -84,6 +87,7 @@ def test_a_fresh_programs_first_pool_worker_is_the_spare_with_its_own_environmen
     assert "FIBERRL_SPARE" not in env            # the job's environment, not the spare's
     assert "FIBERRL_TEST_MARK" in env and "FIBERRL_JOB_NAME" in env
     assert report["listed"][f"local-{pid}"] == [name, report["run"]]   # fiberrl ps
+    assert report["recorded_after"] == [None]   # its line went with the pool
 
 
 def test_a_spare_not_taken_because_pool_failed_exits_at_once(tmp_path):

@@ -5,9 +5,8 @@ forked from a warm fork server (:mod:`fiberrl.backends.local.forkserver`) unless
 ``forkserver`` setting is off (the first job of a process is started as a new
 interpreter, or given to the spare interpreter ``Pool()`` started for it:
 :mod:`fiberrl._runtime.spare`; the second starts the server and waits for it); other
-commands, and
-any job the server cannot take, are started with ``subprocess``. Either way a job of fiberrl's entry point starts with
-SIGINT blocked until it is ready to take it (:mod:`fiberrl._runtime.interrupts`). A
+commands, and any job the server cannot take, are started with ``subprocess``.
+Either way a job of fiberrl's entry point starts with SIGINT blocked until it is ready to take it (:mod:`fiberrl._runtime.interrupts`). A
 job's stdout and stderr (its own pipes, or for a forked job what its fork server
 relays on its one control socket) are pumped by one selector thread
 (``fiberrl-output``) to this process's own stdout/stderr, so ``print`` in a child
@@ -263,16 +262,14 @@ class LocalBackend(Backend):
         return False
 
     def status(self, job: Job) -> JobStatus:
-        code = job.data.poll()
-        if code is not None and job.pid in self._spare_jobs:
-            self._spare_jobs.discard(job.pid)
-            JobTable().forget(job.pid)
-        return self._status(code)
+        return self._status(job, job.data.poll())
 
-    @staticmethod
-    def _status(code: Optional[int]) -> JobStatus:
+    def _status(self, job: Job, code: Optional[int]) -> JobStatus:
         if code is None:
             return JobStatus(JobState.RUNNING)
+        if job.pid in self._spare_jobs:   # its line for `fiberrl ps` is no longer needed
+            self._spare_jobs.discard(job.pid)
+            JobTable().forget(job.pid)
         state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
         return JobStatus(state, code, "" if code == 0 else describe_exit(code))
 
@@ -281,7 +278,7 @@ class LocalBackend(Backend):
             code = job.data.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
-        return self._status(code)
+        return self._status(job, code)
 
     def terminate(self, job: Job, force: bool = False) -> None:
         if job.data.poll() is not None:
