@@ -214,3 +214,16 @@ def test_no_spare_is_started_for_a_backend_configured_before_pool(tmp_path):
             print("children:", len(psutil.Process().children()))
     """, tmp_path)
     assert "children: 0" in result.stdout, (result.stdout, result.stderr)
+
+
+def test_a_spare_that_cannot_start_is_no_error():
+    spare.discard()
+    spare._started_in.discard(os.getpid())
+    try:
+        spare.prestart(None)   # sys.executable where Python cannot tell its own path
+        assert os.getpid() not in spare._spares
+        spare._started_in.discard(os.getpid())
+        spare.prestart("")     # or an empty one
+        assert os.getpid() not in spare._spares
+    finally:
+        spare._started_in.discard(os.getpid())

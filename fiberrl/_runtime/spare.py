@@ -140,7 +140,8 @@ def prestart(python: str, preload: Sequence[str] = ()) -> None:
         _started_in.add(os.getpid())
         try:
             _spares[os.getpid()] = _Spare(python, preload)
-        except OSError as exc:   # (out of processes or descriptors) the job's own start says so
+        except Exception as exc:   # (no such interpreter, out of processes) the job's own
+            # start, which does not use a spare, says what is wrong
             import logging
             logging.getLogger(__name__).debug("no spare interpreter: %s", exc)
 
