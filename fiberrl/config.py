@@ -162,6 +162,7 @@ def _from_file() -> Dict[str, Any]:
 NOT_SETTINGS = frozenset({
     "CONFIG", "INHERITED_CONFIG", "SECRET", "TOKEN", "PARENT", "JOB_NAME", "SENTINEL_FD",
     "RUN_ID", "POD_NAME", "POD_IP", "POD_UID", "SLURM_SUBMITTED", "SLURM_DIR", "GONE",
+    "STARTED_FD", "SPARE", "OUTPUT_FILE", "DOCKER_OUTPUT_DIR",
 })
 
 
