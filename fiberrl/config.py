@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import sys
+import types
 import threading
 import typing
 from dataclasses import dataclass, field, fields
@@ -36,6 +37,8 @@ ENV_PREFIX = "FIBERRL_"
 INHERITED_ENV = "FIBERRL_INHERITED_CONFIG"
 CONFIG_FILE_ENV = "FIBERRL_CONFIG"
 DEFAULT_CONFIG_FILE = "fiberrl.toml"
+#: the image of container jobs when neither ``image`` nor ``docker_image`` is set
+DEFAULT_IMAGE = "fiberrl-worker:cpu"
 
 
 @dataclass(frozen=True)
@@ -291,3 +294,73 @@ def reset() -> Config:
         _init_overrides.clear()
         _current = config
     return config
+
+
+# -- Uber Fiber's names: ``fiber.config.<key>`` read and set as module attributes ---------
+#: Fiber's keys that have a fiberrl setting: reading one gives the value in force, and
+#: setting one is :func:`init` of the setting (so ``fiber_config.backend = "docker"``
+#: and ``if fiber.config.default_backend != "docker"`` work after the import swap; a
+#: backend set so is checked when it is first used, as this module imports none)
+FIBER_KEYS = {"backend": "backend", "default_backend": "backend", "image": "image",
+              "default_image": "image", "log_level": "log_level", "mem_per_job": "mem",
+              "kubernetes_namespace": "k8s_namespace"}
+#: Fiber's switches of its own machinery (and its log file): plain attributes here, set
+#: to Fiber's defaults, that a Fiber program may set and read back; they change nothing
+#: in fiberrl, whose jobs always connect back to their parent, whose one queue gives each
+#: item to one reader, and whose logging is the program's own (``log_file`` None)
+FIBER_SWITCHES = {"debug": False, "ipc_active": True, "ipc_admin_master_port": 0,
+                  "ipc_admin_worker_port": 8000, "use_push_queue": True,
+                  "merge_output": False, "use_bash": False, "log_file": None}
+globals().update(FIBER_SWITCHES)
+#: Fiber's workers per job: 1 here, where every worker is a job of its own; Slurm's
+#: ``Pool(workers_per_job=k)`` forks k workers from one job
+cpu_per_job = 1
+
+
+def _fiber_key_value(key: str) -> Any:
+    """The value in force of Fiber's config key ``key`` (see :data:`FIBER_KEYS`)."""
+    setting = FIBER_KEYS[key]
+    if setting == "backend":
+        return backend_name()
+    if setting == "log_level":   # Fiber's is a number, as ``logging`` has it
+        return logging.getLevelName(get_config().log_level.upper())
+    if setting == "k8s_namespace":
+        return get_config().extra.get("k8s_namespace", "default")
+    if key == "default_image":   # the image a container job gets when none is set
+        return get_config().image or get_config().extra.get("docker_image") or DEFAULT_IMAGE
+    return getattr(get_config(), setting)
+
+
+def _set_fiber_key(key: str, value: Any) -> None:
+    """``fiber_config.<key> = value``: :func:`init` of the fiberrl setting."""
+    setting = FIBER_KEYS[key]
+    if setting == "log_level" and isinstance(value, int):
+        value = logging.getLevelName(value)
+    elif setting == "mem" and isinstance(value, int):
+        value = f"{value}M"   # Fiber's memory figures are megabytes
+    elif setting == "k8s_namespace":
+        setting, value = "extra", {**get_config().extra, "k8s_namespace": value}
+    init(**{setting: value})
+
+
+class _ConfigModule(types.ModuleType):
+    """This module, which also answers Uber Fiber's ``fiber.config.<key>`` (read and
+    set) for the keys fiberrl carries over; the typed settings are :func:`get_config`."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in FIBER_KEYS:
+            return _fiber_key_value(name)
+        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in FIBER_KEYS:
+            _set_fiber_key(name, value)
+        elif name == "cpu_per_job" and value != 1:
+            raise ConfigError("Fiber's cpu_per_job (workers per job) is not carried over to "
+                              "fiberrl: every worker is a job of its own, and on Slurm "
+                              "Pool(workers_per_job=k) forks k workers from one job")
+        else:
+            super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _ConfigModule

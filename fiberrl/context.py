@@ -208,6 +208,14 @@ class FiberContext(_mp_context.BaseContext):
         return init(**config)
 
     @staticmethod
+    def reset():
+        """Forget every :meth:`init` setting (Uber Fiber's ``fiber.reset``): back to the
+        environment, the config file and the defaults."""
+        from . import backends  # noqa: F401 - registers its check of the backend's name
+        from .config import reset
+        return reset()
+
+    @staticmethod
     def meta(**hints: Any):
         """Decorator attaching resource hints to a target (see :mod:`fiberrl.resources`)."""
         from .resources import meta

@@ -270,17 +270,40 @@ def _init(tmp_path):
 @check("`fiber.reset`")
 def _reset(tmp_path):
     default = fiberrl.config.get_config().heartbeat_timeout
-    fiberrl.init(heartbeat_timeout=default + 5)
-    fiberrl.config.reset()
-    assert fiberrl.config.get_config().heartbeat_timeout == default
+    for reset in (fiberrl.reset, fiberrl.config.reset):
+        fiberrl.init(heartbeat_timeout=default + 5)
+        reset()
+        assert fiberrl.config.get_config().heartbeat_timeout == default
 
 
 @check("`fiber.config.<key>`")
 def _config_key(tmp_path):
+    import logging
+    import fiberrl.config as fiber_config   # as Fiber's programs and tests use it
+    assert fiberrl.config.default_backend == fiber_config.backend == "local"
+    assert fiber_config.log_level == logging.WARNING
+    assert fiber_config.image is None and fiber_config.default_image == "fiberrl-worker:cpu"
+    assert fiber_config.kubernetes_namespace == "default" and fiber_config.mem_per_job is None
+    fiber_config.log_level = logging.DEBUG
+    fiber_config.mem_per_job = 512      # Fiber's megabytes
+    fiber_config.kubernetes_namespace = "rl"
+    fiber_config.image = "python:3.11-slim"
     config = fiberrl.config.get_config()
-    assert config.backend == "local"
+    assert (config.log_level, config.mem, config.extra["k8s_namespace"], config.image) == (
+        "DEBUG", "512M", "rl", "python:3.11-slim")
+    assert fiber_config.log_level == logging.DEBUG and fiber_config.mem_per_job == "512M"
+    assert fiber_config.cpu_per_job == 1   # every worker is a job of its own
+    with pytest.raises(ConfigError, match="cpu_per_job.*workers_per_job"):
+        fiber_config.cpu_per_job = 2
+    # Fiber's own switches are kept as set, and change nothing (the rows below)
+    assert (fiber_config.ipc_active, fiber_config.log_file) == (True, None)
+    fiber_config.ipc_active = False
+    assert fiber_config.ipc_active is False
+    fiber_config.ipc_active = True
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.backend = "docker"
+    fiber_config.backend = "local"
+    assert fiberrl.config.get_config().backend == "local"
 
 
 @check("`.fiberconfig`")

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
 from .._runtime.jobenv import OUTPUT_FILE_ENV
-from ..config import get_config
+from ..config import DEFAULT_IMAGE, get_config
 from ..errors import BackendError
 from . import addresses, output_files
 from .base import Backend, Job, JobInfo, JobSpec, JobState, JobStatus, run_id, user_name
@@ -61,7 +61,6 @@ from .local import describe_exit
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_IMAGE = "fiberrl-worker:cpu"
 LABEL_RUN, LABEL_USER, LABEL_NAME = "fiberrl.run", "fiberrl.user", "fiberrl.name"
 _TAIL_KEPT = 200
 #: the run's output directory, inherited by jobs (a job's own Docker jobs write there too)

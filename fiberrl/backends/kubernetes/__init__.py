@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
-from ...config import get_config
+from ...config import DEFAULT_IMAGE, get_config
 from ...errors import BackendError
 from ..._wire.auth import SECRET_ENV, run_secret
 from ..._wire.sockets import default_listen_host
@@ -52,7 +52,6 @@ from .pods import (POD_IP_ENV, POD_NAME_ENV, POD_UID_ENV, SECRET_KEY, check_sett
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_IMAGE = "fiberrl-worker:cpu"
 REFRESH = 0.5
 _NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 _TAIL_KEPT = 200
