@@ -83,4 +83,6 @@ def main(order):
 
 
 if __name__ == "__main__":
+    import faulthandler
+    faulthandler.dump_traceback_later(100)   # every thread's stack before the test's 120 s
     main(sys.argv[1])

@@ -131,8 +131,12 @@ def test_a_served_connection_that_says_goodbye_gets_no_reply():
 
 
 def _run_program(order):
-    done = subprocess.run([sys.executable, os.path.join(HERE, "async_manager_exit.py"), order],
-                          capture_output=True, text=True, timeout=120, cwd=HERE)
+    try:
+        done = subprocess.run([sys.executable, os.path.join(HERE, "async_manager_exit.py"),
+                               order], capture_output=True, text=True, timeout=120, cwd=HERE)
+    except subprocess.TimeoutExpired as exc:   # all it wrote, with its stacks (see the program)
+        pytest.fail(f"the program ({order}) did not end within 120 s; its stderr:\n"
+                    f"{(exc.stderr or b'').decode(errors='replace')}")
     return done.returncode, done.stdout, done.stderr
 
 

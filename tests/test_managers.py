@@ -233,6 +233,38 @@ def test_server_that_fails_to_start_raises_instead_of_hanging():
         manager.start(initializer=_failing_initializer)
 
 
+_SILENT_SERVER = """
+import time
+from fiberrl.managers import BaseManager
+
+class Silent(BaseManager):
+    @classmethod
+    def _run_server(cls, registry, address, authkey, serializer, writer, *rest):
+        writer.close()   # reports no address, serves nothing
+        time.sleep(600)
+
+if __name__ == "__main__":
+    try:
+        Silent().start()
+    except Exception as exc:
+        print(type(exc).__name__, exc, flush=True)
+"""
+
+
+def test_a_server_that_closes_its_pipe_without_an_address_does_not_hold_the_exit(tmp_path):
+    """The start raised, and the program then waited for ever at its exit, joining a
+    server that was still running (it was not killed)."""
+    import subprocess
+    import sys
+    script = tmp_path / "silent.py"
+    script.write_text(_SILENT_SERVER)
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    assert done.returncode == 0 and time.monotonic() - started < 30, done
+    assert "ProcessError" in done.stdout and "without reporting its address" in done.stdout
+
+
 def test_lambda_arguments_travel_by_value():
     with fiberrl.Manager() as manager:
         shared = manager.list([3, 1, 2])

@@ -401,6 +401,13 @@ class BaseManager(mp_managers.BaseManager):
             return reader.recv()
         except EOFError:
             self._process.join(5.0)
+            if self._process.is_alive():
+                # it closed its end without an address: a server nobody can reach, which
+                # the stdlib's exit hook would wait for for ever
+                self._process.kill()
+                self._process.join(5.0)
+                raise ProcessError(f"manager server {self._process.name} closed its pipe "
+                                   f"without reporting its address; it was killed") from None
             raise ProcessError(f"manager server {self._process.name} exited with code "
                                f"{self._process.exitcode} before serving") from None
 
