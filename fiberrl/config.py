@@ -352,6 +352,12 @@ class _ConfigModule(types.ModuleType):
             return _fiber_key_value(name)
         raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
 
+    def __reduce__(self) -> Any:
+        # as a module is pickled: by name (pickle and cloudpickle find a reducer for
+        # ``ModuleType`` by exact type, which this subclass is not)
+        import importlib
+        return importlib.import_module, (self.__name__,)
+
     def __setattr__(self, name: str, value: Any) -> None:
         if name in FIBER_KEYS:
             _set_fiber_key(name, value)

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+import fiberrl
 from fiberrl import config
 from fiberrl.errors import ConfigError
 
@@ -136,3 +137,14 @@ def test_resolving_evaluates_the_field_types_once(monkeypatch):
     for _ in range(3):
         assert config.resolve() == config.resolve()
     assert len(calls) == 1
+
+
+def test_code_that_uses_the_config_module_travels_by_value():
+    """Functions sent by value carry the modules they use by name; this module is of a
+    ModuleType subclass (for Fiber's ``fiber.config.<key>``), which pickle and cloudpickle
+    do not find a reducer for unless it gives its own."""
+    import pickle
+    from fiberrl import reduction
+    sent = lambda: fiberrl.config.get_config().backend   # noqa: E731 - by value
+    assert reduction.loads(reduction.dumps(sent))() == "local"
+    assert pickle.loads(pickle.dumps(fiberrl.config)) is fiberrl.config
