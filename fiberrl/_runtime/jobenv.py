@@ -10,7 +10,9 @@ import contextlib
 import os
 import sys
 import threading
-from typing import Iterator, Optional
+from typing import Any, Dict, Iterator, Optional
+
+from . import interrupts
 
 PARENT_ENV = "FIBERRL_PARENT"   # "host:port" of the parent's runtime
 TOKEN_ENV = "FIBERRL_TOKEN"
@@ -113,3 +115,20 @@ def write_output_to_file() -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+
+
+def job_request(env: Dict[str, str], cwd: Optional[str]) -> Dict[str, Any]:
+    """What a process that becomes a job after it started (a fork of the local fork
+    server, a spare interpreter) is told of it, as JSON: its whole environment, its
+    working directory and the SIGINT disposition an exec'd job would inherit."""
+    return {"env": env, "cwd": cwd or os.getcwd(), "sigint_ignored": interrupts.ignored()}
+
+
+def adopt_request(request: Dict[str, Any]) -> None:
+    """In such a process: take the :func:`job_request`'s SIGINT disposition and
+    environment, and its directory as ``sys.path[0]`` (as ``python -m`` there would;
+    ``fiberrl.spawn`` changes to the directory itself)."""
+    interrupts.take_as(parent_ignored=request["sigint_ignored"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.path[0] = request["cwd"]

@@ -31,11 +31,10 @@ import atexit
 import importlib
 import json
 import os
-import sys
 import threading
 from typing import Any, Dict, List, Optional, Sequence
 
-from . import interrupts
+from . import interrupts, jobenv
 
 #: set in a spare's environment: ``<pipe fd>[,<module to import>...]``
 SPARE_ENV = "FIBERRL_SPARE"
@@ -78,8 +77,7 @@ class _Spare:
 
     def hand_over(self, env: Dict[str, str], cwd: Optional[str]) -> bool:
         """Give the spare its job; False if it is gone (it died before taking one)."""
-        request = json.dumps({"env": env, "cwd": cwd or os.getcwd(),
-                              "sigint_ignored": interrupts.ignored()}).encode()
+        request = json.dumps(jobenv.job_request(env, cwd)).encode()
         try:
             view = memoryview(request)
             while view:
@@ -171,29 +169,14 @@ def discard() -> None:
 
 def become_job(setting: str) -> bool:
     """In a spare (``setting`` is :data:`SPARE_ENV`'s value): import the modules it
-    names, wait for the job, take its environment and working directory. False if
-    the parent discarded the spare instead."""
+    names, wait for the job and take its request (:func:`~.jobenv.adopt_request`).
+    False if the parent discarded the spare instead."""
     fd, *preload = setting.split(",")
     for name in preload:
         importlib.import_module(name)
-    chunks = []
     with os.fdopen(int(fd), "rb") as pipe:
-        while True:
-            chunk = pipe.read(65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            if sum(map(len, chunks)) > _MAX_REQUEST:
-                return False
-    if not chunks:
+        request = pipe.read(_MAX_REQUEST + 1)   # to the end of the pipe
+    if not request or len(request) > _MAX_REQUEST:
         return False
-    request = json.loads(b"".join(chunks))
-    interrupts.take_as(parent_ignored=request["sigint_ignored"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    sys.path[0] = request["cwd"]   # as `python -m` would have set it there
-    try:
-        os.chdir(request["cwd"])
-    except OSError:
-        pass   # spawn.main says so when the parent's directory is missing here too
+    jobenv.adopt_request(json.loads(request))
     return True

@@ -133,16 +133,10 @@ def _output_dir(log_dir: Optional[str]) -> Optional[str]:
     return path
 
 
-def _file_tail(path: str, lines: int) -> str:
-    """The last ``lines`` lines of file ``path`` ("" if it cannot be read)."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 256 * lines))
-            text = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
+def _with_file_tail(text: str, path: str, lines: int) -> str:
+    """A container's own log ``text`` followed by the last ``lines`` lines of its output
+    file ``path``."""
+    return "\n".join(filter(None, [text.rstrip("\n"), output_files.file_tail(path, lines)]))
 
 
 class _OutputForwarder:
@@ -373,8 +367,7 @@ class DockerBackend(Backend):
             except OSError:
                 pass
         if data.output is not None:
-            data.tail = "\n".join(filter(None, [data.tail.rstrip("\n"),
-                                                 _file_tail(data.output, _TAIL_KEPT)]))
+            data.tail = _with_file_tail(data.tail, data.output, _TAIL_KEPT)
             self._follower.finish(data.output, remove=True)
         try:
             data.container.remove(force=True)
@@ -401,7 +394,7 @@ class DockerBackend(Backend):
             except self._docker.errors.APIError:
                 text = data.tail
             if data.output is not None:
-                text = "\n".join(filter(None, [text.rstrip("\n"), _file_tail(data.output, tail)]))
+                text = _with_file_tail(text, data.output, tail)
         return "\n".join(text.splitlines()[-tail:])
 
     def listen_host(self) -> str:

@@ -119,6 +119,18 @@ class OutputFollower:
         return read
 
 
+def file_tail(path: str, lines: int) -> str:
+    """The last ``lines`` lines of file ``path`` ("" if it cannot be read)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 256 * lines))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
 #: this process's one follower of output files, shared by every backend (one per
 #: backend object would leave a thread behind with each backend made)
 follower = PerProcess(OutputFollower)

@@ -63,7 +63,7 @@ import tempfile
 import traceback
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
-from ..._runtime import interrupts
+from ..._runtime import interrupts, jobenv
 
 logger = logging.getLogger(__name__)
 
@@ -381,14 +381,11 @@ class _Server:
             os.close(self.wake_w)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             interrupts.hold()   # (inherited already) until fiberrl.spawn releases it
-            interrupts.take_as(parent_ignored=request["sigint_ignored"])
             _place_stdio(out_fd, err_fd)
             _place_fds(passed, request["fds"])
-            os.environ.clear()
-            os.environ.update(request["env"])
+            jobenv.adopt_request(request)
             from fiberrl import spawn
             sys.argv = [spawn.__file__]
-            sys.path[0] = request["cwd"]  # as `python -m` would; spawn.main changes there
             code = spawn.main()
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

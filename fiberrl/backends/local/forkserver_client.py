@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..._runtime import interrupts
+from ..._runtime import interrupts, jobenv
 from ..._runtime.spare import start_up_env
 from ...errors import ForkServerError
 from .forkserver import MARKER_ENV, MAX_FDS, MAX_REQUEST, READY
@@ -238,9 +238,8 @@ class ForkServer:
         answer within ``timeout`` s).
         """
         # the job's SIGINT disposition is the parent's now, as for an exec'd job
-        request = json.dumps({"env": env, "cwd": cwd or os.getcwd(), "fds": list(pass_fds),
-                              "output": output is not None,
-                              "sigint_ignored": interrupts.ignored()}).encode()
+        request = json.dumps({**jobenv.job_request(env, cwd), "fds": list(pass_fds),
+                              "output": output is not None}).encode()
         if len(request) > MAX_REQUEST or len(pass_fds) + 2 > MAX_FDS:
             raise ForkServerError("request too large for the fork server")
         report, report_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

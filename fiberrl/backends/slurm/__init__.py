@@ -462,14 +462,7 @@ class SlurmBackend(Backend):
 
     # -- the rest ---------------------------------------------------------------------
     def logs(self, job: Job, tail: int = 50) -> str:
-        try:
-            with open(job.data.log, "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, fh.tell() - 256 * tail))
-                text = fh.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-tail:])
+        return output_files.file_tail(job.data.log, tail)
 
     def listen_host(self) -> str:
         """See :mod:`.addresses`; outside a job, the address of the default route (what
