@@ -2,6 +2,7 @@
 
     python bench/bench_vec_env.py [--envs 2,4] [--busy-us 0,300] [--steps 2000] [--runs 3]
                                   [--load N] [--ppo] [--ppo-steps 20000]
+    python bench/bench_vec_env.py --paired [--steps 300] [--blocks 40] [--envs 2,4] [--load N]
 
 For every number of envs and env step cost (CartPole-v1, plus a busy wait of
 ``--busy-us`` microseconds per step), interleaved runs of:
@@ -19,7 +20,16 @@ For every number of envs and env step cost (CartPole-v1, plus a busy wait of
   builds it), for reference.
 
 Each run is a fresh interpreter; the table gives median steps/s over all envs and the
-CPU of the whole process tree per 1,000 env steps. ``--ppo`` adds ``fiberrl train ppo``
+CPU of the whole process tree per 1,000 env steps.
+
+``--paired`` measures the AVE gate without the machine's drift: one interpreter builds
+``AVE fork``, ``AVE forkserver`` (the stdlib's default on Linux from Python 3.14),
+``AVE spawn`` and ``AVE fiberrl`` side by side, then steps them in turn,
+``--steps`` vector steps a block for ``--blocks`` blocks (the order rotated every
+block), and reports for each the median over blocks of its steps/s divided by fork's
+in the same block, with the CPU per env step of the parent's stepping thread and of
+the env processes apart. Separate runs on a shared VM swing by 1.5x from minute to minute;
+paired blocks agree within ~0.05x. ``--ppo`` adds ``fiberrl train ppo``
 on ``SlowCartPole-v1`` (300 us per step) with ``--workers 2`` against ``--workers 0``
 (target >= 1.5x). ``--load N`` runs it all with N CPU-bound processes alongside.
 """
@@ -96,6 +106,96 @@ def one_run(target: str, envs: int, steps: int, busy_us: float) -> dict:
     cpu = tree_cpu() - cpu
     env.close()
     return {"steps_per_s": envs * steps / wall, "cpu_ms_per_1k": cpu / (envs * steps) * 1e6}
+
+
+def _process_cpu(pid: int) -> float:
+    """On-CPU seconds of every thread of process ``pid`` (``/proc``, to the ns)."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                total += int(fh.read().split()[0])
+    except OSError:
+        pass
+    return total / 1e9
+
+
+class _Stepped:
+    """One vector env of the paired run, with its block figures."""
+
+    def __init__(self, env, envs: int) -> None:
+        self.env, self.envs = env, envs
+        self.pids = [proc.pid for proc in env.processes]
+        self.rates, self.env_cpu, self.parent_cpu = [], [], []
+
+    def block(self, actions) -> float:
+        env_cpu = sum(_process_cpu(pid) for pid in self.pids)
+        parent_cpu, started = time.thread_time(), time.perf_counter()
+        for action in actions:
+            self.env.step(action)
+        wall = time.perf_counter() - started
+        env_steps = len(actions) * self.envs
+        self.parent_cpu.append((time.thread_time() - parent_cpu) / env_steps * 1e6)
+        self.env_cpu.append((sum(_process_cpu(pid) for pid in self.pids) - env_cpu)
+                            / env_steps * 1e6)
+        self.rates.append(env_steps / wall)
+        return self.rates[-1]
+
+
+def paired(args: argparse.Namespace) -> None:
+    """AVE fork, forkserver, spawn and fiberrl, stepped in turn in one interpreter."""
+    import multiprocessing
+    import types
+
+    import numpy as np
+    from gymnasium.vector import AsyncVectorEnv
+    from gymnasium.vector import async_vector_env
+
+    import fiberrl
+    import slow_envs
+
+    for envs in args.envs:
+        for busy_us in args.busy_us:
+            make = [lambda: slow_envs.make_slow_cartpole(busy_us) for _ in range(envs)]
+            sides = {"AVE fork": AsyncVectorEnv(make, context="fork"),
+                     "AVE forkserver": AsyncVectorEnv(make, context="forkserver"),
+                     "AVE spawn": AsyncVectorEnv(make, context="spawn")}
+            view = types.ModuleType("multiprocessing")
+            view.__dict__.update({k: getattr(multiprocessing, k) for k in dir(multiprocessing)
+                                  if not k.startswith("__")})
+            view.get_context = lambda method=None: fiberrl.get_context()
+            real = async_vector_env.multiprocessing
+            async_vector_env.multiprocessing = view
+            try:
+                sides["AVE fiberrl"] = AsyncVectorEnv(make, context=None)
+            finally:
+                async_vector_env.multiprocessing = real
+            sides = {name: _Stepped(env, envs) for name, env in sides.items()}
+            actions = np.random.default_rng(0).integers(0, 2, size=(args.steps, envs))
+            for side in sides.values():
+                side.env.reset(seed=0)
+                side.block(actions[:50])   # connections made, caches warm
+                side.rates.clear(), side.env_cpu.clear(), side.parent_cpu.clear()
+            names = list(sides)
+            ratios = {name: [] for name in names}
+            for block in range(args.blocks):
+                order = names[block % len(names):] + names[:block % len(names)]
+                rates = {name: sides[name].block(actions) for name in order}
+                for name in names:
+                    ratios[name].append(rates[name] / rates["AVE fork"])
+            for side in sides.values():
+                side.env.close()
+            print(f"{envs} envs, {busy_us:.0f} us env step; {args.blocks} blocks of "
+                  f"{args.steps} vector steps each, in turn")
+            for name, side in sides.items():
+                low, _, high = statistics.quantiles(ratios[name], n=4)
+                print(f"  {name:14} {statistics.median(side.rates):8.0f} steps/s, "
+                      f"{statistics.median(ratios[name]):.2f}x AVE fork in the same block "
+                      f"(middle half {low:.2f}-{high:.2f}); CPU per env step: parent "
+                      f"{statistics.median(side.parent_cpu):5.1f} us, envs "
+                      f"{statistics.median(side.env_cpu):5.1f} us")
+            ratio = statistics.median(ratios["AVE fiberrl"])
+            print(f"  AVE fiberrl target >= 0.9x AVE fork: {'met' if ratio >= 0.9 else 'NOT met'}")
 
 
 def run_fresh(target: str, envs: int, steps: int, busy_us: float) -> dict:
@@ -242,11 +342,17 @@ def main() -> None:
     parser.add_argument("--ppo", action="store_true", help="also fiberrl train ppo --workers")
     parser.add_argument("--ppo-steps", type=int, default=20000)
     parser.add_argument("--no-vec", action="store_true", help="skip the vector-env table")
+    parser.add_argument("--paired", action="store_true",
+                        help="instead of the table: AVE fork, forkserver, spawn and fiberrl stepped in turn "
+                             "in one interpreter (--steps per block)")
+    parser.add_argument("--blocks", type=int, default=40, help="blocks of a --paired run")
     add_load_option(parser)
     args = parser.parse_args()
     print(describe(args.load))
     with cpu_load(args.load):
-        if not args.no_vec:
+        if args.paired:
+            paired(args)
+        elif not args.no_vec:
             vector_envs(args)
         if args.ppo:
             ppo_workers(args)
