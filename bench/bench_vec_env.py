@@ -126,6 +126,10 @@ class _Stepped:
     def __init__(self, env, envs: int) -> None:
         self.env, self.envs = env, envs
         self.pids = [proc.pid for proc in env.processes]
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop the figures so far (the warm-up's)."""
         self.rates, self.env_cpu, self.parent_cpu = [], [], []
 
     def block(self, actions) -> float:
@@ -175,7 +179,7 @@ def paired(args: argparse.Namespace) -> None:
             for side in sides.values():
                 side.env.reset(seed=0)
                 side.block(actions[:50])   # connections made, caches warm
-                side.rates.clear(), side.env_cpu.clear(), side.parent_cpu.clear()
+                side.forget()
             names = list(sides)
             ratios = {name: [] for name in names}
             for block in range(args.blocks):
@@ -343,8 +347,8 @@ def main() -> None:
     parser.add_argument("--ppo-steps", type=int, default=20000)
     parser.add_argument("--no-vec", action="store_true", help="skip the vector-env table")
     parser.add_argument("--paired", action="store_true",
-                        help="instead of the table: AVE fork, forkserver, spawn and fiberrl stepped in turn "
-                             "in one interpreter (--steps per block)")
+                        help="instead of the table: AVE fork, forkserver, spawn and fiberrl "
+                             "stepped in turn in one interpreter (--steps per block: 300)")
     parser.add_argument("--blocks", type=int, default=40, help="blocks of a --paired run")
     add_load_option(parser)
     args = parser.parse_args()
