@@ -47,7 +47,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from machine_load import add_load_option, cpu_load, describe  # noqa: E402
+from machine_load import add_load_option, cpu_load, describe, process_cpu  # noqa: E402
 
 TARGETS = ("AVE fork", "AVE spawn", "AVE fiberrl", "PVE fiberrl", "PVE packed")
 GOALS = {"AVE fiberrl": 0.9, "PVE fiberrl": 1.0, "PVE packed": 1.0}
@@ -108,18 +108,6 @@ def one_run(target: str, envs: int, steps: int, busy_us: float) -> dict:
     return {"steps_per_s": envs * steps / wall, "cpu_ms_per_1k": cpu / (envs * steps) * 1e6}
 
 
-def _process_cpu(pid: int) -> float:
-    """On-CPU seconds of every thread of process ``pid`` (``/proc``, to the ns)."""
-    total = 0
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                total += int(fh.read().split()[0])
-    except OSError:
-        pass
-    return total / 1e9
-
-
 class _Stepped:
     """One vector env of the paired run, with its block figures."""
 
@@ -133,14 +121,14 @@ class _Stepped:
         self.rates, self.env_cpu, self.parent_cpu = [], [], []
 
     def block(self, actions) -> float:
-        env_cpu = sum(_process_cpu(pid) for pid in self.pids)
+        env_cpu = sum(process_cpu(pid) for pid in self.pids)
         parent_cpu, started = time.thread_time(), time.perf_counter()
         for action in actions:
             self.env.step(action)
         wall = time.perf_counter() - started
         env_steps = len(actions) * self.envs
         self.parent_cpu.append((time.thread_time() - parent_cpu) / env_steps * 1e6)
-        self.env_cpu.append((sum(_process_cpu(pid) for pid in self.pids) - env_cpu)
+        self.env_cpu.append((sum(process_cpu(pid) for pid in self.pids) - env_cpu)
                             / env_steps * 1e6)
         self.rates.append(env_steps / wall)
         return self.rates[-1]

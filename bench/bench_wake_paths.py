@@ -33,7 +33,7 @@ import statistics
 import sys
 import time
 
-from machine_load import add_load_option, cpu_load, describe
+from machine_load import add_load_option, cpu_load, describe, process_cpu
 
 ENV_WORK_S = 15e-6
 COMMAND = ("step", 1)
@@ -109,7 +109,7 @@ class _Row:
         (every thread, to the nanosecond: ``/proc/PID/task/TID/schedstat``)."""
         total = time.process_time()
         for pid in self.pids + [proc.pid for proc in self.procs]:
-            total += _process_cpu(pid)
+            total += process_cpu(pid)
         return total
 
     def close(self) -> None:
@@ -119,18 +119,6 @@ class _Row:
             os.waitpid(pid, 0)
         for proc in self.procs:
             proc.join()
-
-
-def _process_cpu(pid: int) -> float:
-    """On-CPU seconds of every thread of process ``pid`` (0 if it is gone)."""
-    total = 0
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                total += int(fh.read().split()[0])
-    except OSError:
-        pass
-    return total / 1e9
 
 
 def _raw_row(envs: int, one_socket: bool, epoll: bool) -> _Row:

@@ -46,6 +46,19 @@ def cpu_seconds() -> float:
     return time.process_time()
 
 
+def process_cpu(pid: int) -> float:
+    """On-CPU seconds of every thread of process ``pid``, to the nanosecond
+    (``/proc/PID/task/*/schedstat``; ``os.times`` rounds to clock ticks); 0 if it is gone."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                total += int(fh.read().split()[0])
+    except OSError:
+        pass
+    return total / 1e9
+
+
 def add_load_option(parser) -> None:
     """``--load N`` on an argparse parser (default 0)."""
     parser.add_argument("--load", type=int, default=0, metavar="N",
