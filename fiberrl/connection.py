@@ -53,7 +53,7 @@ from ._runtime.jobenv import this_pid
 from ._runtime.rpc import client_for
 from ._wire.buffers import receive_target, send_slice
 from ._wire.sockets import local_hostname
-from ._services.pipe_inbox import Inbox, LocalOutbox, Outbox, pipe_ends
+from ._services.pipe_inbox import OUTBOX_BROKE, Inbox, LocalOutbox, Outbox, pipe_ends
 from ._services.pipe_registry import CLOSE, pipe_registry
 from .connection_wait import wait
 from .listener import CHALLENGE, Client, Listener, answer_challenge, deliver_challenge, families
@@ -309,21 +309,21 @@ class Connection:
         if self._peer_gone:
             raise BrokenPipeError("the other end of the pipe is closed")
 
-    def _send_quick(self, kind: bytes, payload: Any) -> bool:
-        """Send one small signed payload the short way when the end is active here and
-        connected (the usual case); False when the general path must do it."""
+    def _send_quick(self, kind: bytes, payload: bytes) -> bool:
+        """Send one small ``bytes`` payload the short way when the end is active here and
+        connected (the usual case; the caller has checked that it is open and
+        writable); False when the general path must do it."""
         self._used = True
         outbox = self._outbox
-        if (outbox is None or type(payload) is not bytes or len(payload) >= _QUICK_BYTES
-                or self._pid != this_pid() or not self._writable or self._closed
-                or self._peer_gone):
+        if (outbox is None or self._peer_gone or self._pid != this_pid()
+                or len(payload) >= _QUICK_BYTES):
             return False
         try:
             outbox.send_small(kind, payload)
-            return True
         except OSError as exc:   # the general path reconnects, or says why it cannot
             self._stream_broke(exc)
             return False
+        return True
 
     def _stream_broke(self, exc: OSError) -> None:
         """The stream to the peer failed: drop it and ask the rendezvous before trusting
@@ -334,20 +334,24 @@ class Connection:
 
     def send(self, obj: Any) -> None:
         """Send a picklable object to the other end."""
-        self._check_writable()
+        if self._closed or not self._writable:
+            self._check_writable()   # raises why it cannot
         frames = reduction.dumps(obj)
-        if len(frames) == 1 and self._send_quick(_OBJECT, frames[0]):
-            return
-        self._send_frames(_OBJECT, frames)
+        if len(frames) != 1 or not self._send_quick(_OBJECT, frames[0]):
+            self._check_writable()   # closed meanwhile by another thread?
+            self._send_frames(_OBJECT, frames)
 
     def send_bytes(self, buf: Any, offset: int = 0, size: Optional[int] = None) -> None:
         """Send bytes from a bytes-like object (optionally a slice ``[offset:offset+size]``)."""
-        if offset == 0 and size is None and self._send_quick(_BYTES, buf):
-            return
-        self._check_writable()
+        if self._closed or not self._writable:
+            self._check_writable()   # raises why it cannot
         if type(buf) is bytes and offset == 0 and size is None:
+            if self._send_quick(_BYTES, buf):
+                return
+            self._check_writable()
             self._send_frames(_BYTES, [buf] if len(buf) < _SIGNED_BYTES else [b"", buf])
             return
+        self._check_writable()
         data = send_slice(buf, offset, size)
         # small payloads travel as the signed frame; large ones unhashed (pipe_wire)
         self._send_frames(_BYTES, [data] if len(data) < _SIGNED_BYTES else [b"", data])
@@ -387,13 +391,19 @@ class Connection:
         """Move what arrives within ``timeout`` s into the pending messages."""
         inbox = self._live_inbox()
         try:
-            dropped, broke = inbox.receive(self._pending, timeout)
+            ended = inbox.receive(self._pending, timeout)
         except ValueError:   # its epoll set was closed under this thread
             raise OSError(_TAKEN_AWAY) from None
-        if broke:
+        if ended:
+            self._stream_ended(ended)
+
+    def _stream_ended(self, ended: int) -> None:
+        """A sender's stream to this end ended, or this end's own outbox did (the bits
+        of ``Inbox.receive``): the peer may be gone, so ask the rendezvous before
+        trusting it again."""
+        if ended & OUTBOX_BROKE:
             self._disconnect()
-        if dropped or broke:
-            self._suspect = True  # the peer may be gone: ask the rendezvous
+        self._suspect = True
 
     def _next(self) -> Tuple[bytes, List[Any]]:
         self._wait(None)
@@ -422,8 +432,16 @@ class Connection:
                 or self._eof or self._peer_loc is None):
             return None
         pending = self._pending
-        if not pending:
-            self._collect(1.0)
+        if not pending:   # _collect(1.0), in fewer steps
+            inbox = self._inbox
+            if inbox is None or inbox.closed:
+                return None   # the general path says why
+            try:
+                ended = inbox.receive(pending, 1.0)
+            except ValueError:   # its epoll set was closed under this thread
+                return None
+            if ended:
+                self._stream_ended(ended)
         if pending and pending[0][0] == kind:
             return pending.popleft()[1]
         return None

@@ -218,7 +218,10 @@ def _cloudpickle(obj: Any, buffer_callback: Any = None) -> bytes:
 def dumps(obj: Any) -> Frames:
     """Serialize ``obj`` to frames; large buffers are separate, uncopied frames."""
     kind = type(obj)
-    if kind in _PLAIN_TYPES:  # the common small message: no buffers to keep out
+    if kind in _PLAIN_TYPES or ((kind is tuple or kind is list)
+                                and all(map(_PLAIN_TYPES.__contains__, map(type, obj)))):
+        # the common small message (a step command, a chunk of scalars): no buffers to
+        # keep out, looked at in one C loop
         return [pickle.dumps(obj, protocol=5)]
     plain = _plain_kind(obj)
     if plain == _SCALAR:   # plain data with nothing to keep out of band: a chunk of

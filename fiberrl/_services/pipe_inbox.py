@@ -43,7 +43,7 @@ from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 from .._runtime.runtime import Runtime, existing_service, service
 from .._wire.auth import Verifier
-from .._wire.framing import SMALL, FrameReader, Message
+from .._wire.framing import SMALL, FrameReader, Message, encode_one, write_all
 from .._wire.sockets import Address
 from .._wire.spin import SpinGate, spin_budget, spin_for
 from .._wire.stream import Stream, open_stream
@@ -57,6 +57,11 @@ _STAMP = struct.Struct("!QB")   # send time (CLOCK_MONOTONIC, ns), 1 if the mess
 _SMALL_STAMPED = SMALL - _STAMP.size
 _STAMP_BYTES = _STAMP.size
 _EMPTY_FLAG = _STAMP.size - 1   # the offset of the stamp's "no frames" byte
+_monotonic_ns = time.monotonic_ns
+
+#: what :meth:`Inbox.receive` reports besides messages (bits)
+STREAM_DROPPED = 1   # a sender's stream ended
+OUTBOX_BROKE = 2     # the end's own outbox, which the inbox watches, ended
 
 
 def stamped(frames: Sequence[Any]) -> List[Any]:
@@ -165,11 +170,12 @@ class Inbox:
                 pass
             self._watched = None
 
-    def receive(self, into: Deque[Message], timeout: float) -> Tuple[bool, bool]:
+    def receive(self, into: Deque[Message], timeout: float) -> int:
         """Wait up to ``timeout`` s; append arrived messages to ``into``.
 
-        Returns ``(stream_dropped, outbox_broke)``: a sender's stream ended, or the
-        watched outbox did (either may mean the peer is gone: ask the rendezvous).
+        Returns what else happened, as bits: :data:`STREAM_DROPPED` (a sender's stream
+        ended) and :data:`OUTBOX_BROKE` (the watched outbox did); either may mean the
+        peer is gone: ask the rendezvous. 0 when neither did.
         """
         held = self._held
         if held or timeout <= 0 or not self._spin_gate.should_spin(self._spin):
@@ -178,22 +184,27 @@ class Inbox:
             events = self._spin_then_poll(timeout)
         if not held:
             if not events:
-                return False, False
-            if len(events) == 1 and len(self._readers) == 1:
+                return 0
+            readers = self._readers
+            if len(events) == 1 and len(readers) == 1:
                 # the usual case: one sender, nothing to put in order
                 fd = events[0][0]
-                reader = self._readers.get(fd)
+                reader = readers.get(fd)
                 if reader is not None:
                     try:
                         messages = reader.read()
                     except EOFError as exc:
                         self._stream_ended(fd, exc)
-                        return True, False
-                    if messages:
-                        for kind, frames in messages:
-                            into.append((kind, unstamped(frames)))
-                    return False, False
-        items, dropped, broke = self._read(events)
+                        return STREAM_DROPPED
+                    for kind, frames in messages:
+                        head = frames[0]
+                        if len(head) > _STAMP_BYTES and not head[_EMPTY_FLAG]:
+                            frames[0] = head[_STAMP_BYTES:]   # unstamped(), inline
+                        else:
+                            frames = unstamped(frames)
+                        into.append((kind, frames))
+                    return 0
+        items, ended = self._read(events)
         if len(self._readers) > 1 or self._held or self._local_used:
             # Several senders: a message may only be handed on once every message sent
             # before it is here. One sent before ``horizon`` is in its stream by then
@@ -201,9 +212,9 @@ class Inbox:
             # look at every stream, what was sent up to ``horizon`` goes out in send
             # order and anything later waits for the next call (module doc).
             horizon = time.monotonic_ns()
-            more, dropped_more, broke_more = self._read(self._epoll.poll(0))
+            more, ended_more = self._read(self._epoll.poll(0))
             items += more + self._held
-            dropped, broke = dropped or dropped_more, broke or broke_more
+            ended |= ended_more
             items.sort(key=lambda item: item[0])   # stable: one sender's order is kept
             ready = [item for item in items if item[0] <= horizon]
             self._held = items[len(ready):]
@@ -213,29 +224,28 @@ class Inbox:
             items = ready
         if items:
             into.extend(message for _, message in items)
-        return dropped, broke
+        return ended
 
-    def _read(self, events: List[Tuple[int, int]]) -> Tuple[List[Tuple[int, Message]], bool,
-                                                            bool]:
+    def _read(self, events: List[Tuple[int, int]]) -> Tuple[List[Tuple[int, Message]], int]:
         """What the streams (and local senders) behind ``events`` have: ``(send time,
-        message)`` pairs, and whether a stream was dropped or the outbox broke."""
+        message)`` pairs, and what else happened (bits, as :meth:`receive` returns)."""
         items: List[Tuple[int, Message]] = []
-        dropped = broke = False
+        ended = 0
         for fd, _ in events:
             if fd == self._wake_r:
                 items += self._take_local()
             elif fd == self._watched:
-                broke = True
+                ended |= OUTBOX_BROKE
             else:
                 reader = self._readers.get(fd)
                 if reader is None:
                     continue
                 messages = self._read_stream(fd, reader)
                 if messages is None:
-                    dropped = True
+                    ended |= STREAM_DROPPED
                 else:
                     items += [unstamp(message) for message in messages]
-        return items, dropped, broke
+        return items, ended
 
     def _read_stream(self, fd: int, reader: FrameReader) -> Optional[List[Message]]:
         """What one sender's stream has; None when it ended (it is dropped then)."""
@@ -271,8 +281,8 @@ class Inbox:
         """Take everything that already arrived, without waiting."""
         for _ in range(10_000):
             before = len(into)
-            dropped, _ = self.receive(into, 0)
-            if len(into) == before and not dropped:
+            ended = self.receive(into, 0)
+            if len(into) == before and not ended & STREAM_DROPPED:
                 return
 
     def _take_local(self) -> List[Tuple[int, Message]]:
@@ -352,49 +362,50 @@ def existing_pipe_ends() -> Optional[PipeEnds]:
     return existing_service("pipe-ends")
 
 
-class Outbox:
-    """The sending side of a stream to another process's inbox for one pipe end."""
+class Outbox(Stream):
+    """The sending side of a stream to another process's inbox for one pipe end: every
+    message is stamped with its send time."""
 
-    def __init__(self, stream: Stream) -> None:
-        self.stream = stream
+    def __init__(self, sock: socket.socket, send_key: bytes, recv_key: bytes) -> None:
+        super().__init__(sock, send_key, recv_key)
         # On a Unix socket a write to a closed peer fails at once (EPIPE), so only TCP,
         # where the first write after the peer's close still succeeds, needs a look.
-        self._look_before_send = stream.sock.family != socket.AF_UNIX
+        self._look_before_send = sock.family != socket.AF_UNIX
 
     @classmethod
     def open(cls, address: Address, pipe_id: str, end: int, timeout: float = 10.0) -> "Outbox":
         """Connect to the inbox of ``(pipe_id, end)`` in the process at ``address``;
         ``OSError`` (``ConnectionRefusedError`` when the end is not active there)."""
-        return cls(open_stream(tuple(address), f"pipe:{pipe_id}:{end}", timeout=timeout))
+        return open_stream(tuple(address), f"pipe:{pipe_id}:{end}", timeout=timeout, kind=cls)
 
-    def fileno(self) -> int:
-        """Readable when the stream ended (the inbox never writes)."""
-        return self.stream.fileno()
-
-    def send(self, kind: bytes, frames: Sequence[Any]) -> None:
+    def send(self, kind: bytes, frames: Sequence[Any] = ()) -> None:
         """Write one message, stamped with its send time; ``OSError`` if the stream is
         broken."""
         if len(frames) == 1 and type(frames[0]) is bytes and len(frames[0]) < _SMALL_STAMPED:
-            self.stream.send_one(kind, _STAMP.pack(time.monotonic_ns(), 0) + frames[0])
+            self.send_small(kind, frames[0])
         else:
-            self.stream.send(kind, stamped(frames))
+            super().send(kind, stamped(frames))
 
     def send_small(self, kind: bytes, payload: bytes) -> None:
-        """``send(kind, [payload])`` for a ``bytes`` payload under 32 KiB, in fewer steps."""
-        if self._look_before_send and self.stream.peer_hung_up():
+        """``send(kind, [payload])`` for a ``bytes`` payload under 32 KiB (a pipe's hot
+        path, in one step: one piece, signed under the lock, one system call)."""
+        if self._look_before_send and self.peer_hung_up():
             raise ConnectionResetError("the other end's stream ended")
-        self.stream.send_one(kind, _STAMP.pack(time.monotonic_ns(), 0) + payload)
+        with self._send_lock:   # signed in the order written
+            data = encode_one(self._signer, kind, _STAMP.pack(_monotonic_ns(), 0) + payload)
+            try:
+                sent = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            if sent < len(data):
+                write_all(self.sock, [memoryview(data)[sent:]])
 
     def hung_up(self) -> bool:
         """True once the inbox closed its end (over TCP, one ``poll`` of no time; on
         a Unix socket ``send`` itself raises ``BrokenPipeError`` then)."""
         if self._look_before_send:
-            return self.stream.peer_hung_up()
-        return self.stream.closed
-
-    def close(self) -> None:
-        """Close the stream."""
-        self.stream.close()
+            return self.peer_hung_up()
+        return self.closed
 
 
 class LocalOutbox:

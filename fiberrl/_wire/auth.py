@@ -39,6 +39,7 @@ _lock = threading.Lock()
 _secret: Optional[bytes] = None
 _secret_pid: Optional[int] = None
 _COUNTER = struct.Struct("<Q")
+_pack_counter = _COUNTER.pack
 
 
 def run_secret() -> bytes:
@@ -102,8 +103,7 @@ class Signer:
         """``sign(data)`` for a message of one part (the common small message)."""
         mac = self._state.copy()
         self._count = count = self._count + 1
-        mac.update(_COUNTER.pack(count))
-        mac.update(data)
+        mac.update(_pack_counter(count) + data)
         return mac.digest()
 
 
@@ -130,7 +130,6 @@ class Verifier:
         """``check(digest, data)`` for a message of one part (the common small message)."""
         mac = self._state.copy()
         self._count = count = self._count + 1
-        mac.update(_COUNTER.pack(count))
-        mac.update(data)
+        mac.update(_pack_counter(count) + data)
         if not hmac.compare_digest(mac.digest(), digest):
             raise ForgedMessageError("message failed authentication")

@@ -34,6 +34,8 @@ Message = Tuple[bytes, List[Any]]   # (kind, frames)
 _HEAD = struct.Struct("!cI")
 _LEN = struct.Struct("!Q")
 _HEAD_ONE = struct.Struct("!cIQ")
+_HEAD_ONE_BYTES = _HEAD_ONE.size
+_unpack_head_one = _HEAD_ONE.unpack_from
 _MAX_FRAMES = 1 << 16
 _ONE_PIECE = 1 << 16          # messages below this are joined into one write
 _BIG = 1 << 20                # messages above this are received into their own buffer
@@ -168,12 +170,12 @@ class FrameReader:
             raise EOFError(str(exc)) from None
         if not n:
             raise EOFError("the peer closed the stream")
-        if not self._buf and n > _HEAD_ONE.size:   # the usual case: one small message
-            kind, count, size = _HEAD_ONE.unpack_from(scratch)
-            signed_end = _HEAD_ONE.size + size
-            if count == 1 and n == signed_end + MAC_BYTES:
+        if n > _HEAD_ONE_BYTES and not self._buf:   # the usual case: one small message
+            kind, count, size = _unpack_head_one(scratch)
+            signed_end = _HEAD_ONE_BYTES + size
+            if n == signed_end + MAC_BYTES and count == 1:
                 self._verifier.check_one(view[signed_end:n], view[:signed_end])
-                return [(kind, [bytes(view[_HEAD_ONE.size:signed_end])])]
+                return [(kind, [bytes(view[_HEAD_ONE_BYTES:signed_end])])]
         if self._buf:
             self._buf += view[:n]
             out, used = self._parse(self._buf, len(self._buf))

@@ -25,8 +25,7 @@ from typing import Any, Deque, List, Optional, Sequence
 from ..errors import AuthenticationError, ForgedMessageError, NotHereError
 from .auth import (NONCE_BYTES, PROOF_BYTES, Signer, Verifier, fresh_nonce, proofs, run_secret,
                    session_keys)
-from .framing import (FrameReader, Message, drop_written, encode, encode_one, first_pieces,
-                      write_all)
+from .framing import FrameReader, Message, drop_written, encode, first_pieces, write_all
 from .sockets import Address, connect, recv_exact, tune
 from .spin import SpinGate, spin_for
 
@@ -36,9 +35,9 @@ _MAX_LABEL = 255
 
 
 def open_stream(address: Address, label: str, key: Optional[bytes] = None,
-                timeout: float = SETUP_TIMEOUT) -> "Stream":
+                timeout: float = SETUP_TIMEOUT, kind: Optional[type] = None) -> "Stream":
     """Connect to the listener at ``address`` for ``label``, proving ``key`` (the run's
-    secret by default).
+    secret by default); the stream is a ``kind`` (:class:`Stream` or a subclass).
 
     Raises ``OSError`` when nothing listens there, :class:`NotHereError` when the
     service is not there, and ``AuthenticationError`` when either side's proof fails.
@@ -71,7 +70,7 @@ def open_stream(address: Address, label: str, key: Optional[bytes] = None,
         sock.close()
         raise
     send_key, recv_key = session_keys(key, nonce_a, nonce_c, encoded)
-    return Stream(sock, send_key, recv_key)
+    return (kind or Stream)(sock, send_key, recv_key)
 
 
 class Hello:
@@ -171,18 +170,6 @@ class Stream(_Authenticated):
         ``OSError`` if the stream is broken."""
         with self._send_lock:
             write_all(self.sock, encode(self._signer, kind, frames))
-
-    def send_one(self, kind: bytes, frame: bytes) -> None:
-        """``send(kind, [frame])`` for one ``bytes`` frame under
-        :data:`~fiberrl._wire.framing.SMALL` bytes, in fewer steps (a pipe's hot path)."""
-        with self._send_lock:
-            data = encode_one(self._signer, kind, frame)
-            try:
-                sent = self.sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            if sent < len(data):
-                write_all(self.sock, [memoryview(data)[sent:]])
 
     def poll(self, timeout: Optional[float] = 0.0) -> bool:
         """Whether a message (or end of file) can be read within ``timeout`` seconds;
