@@ -42,6 +42,10 @@ OUT_OF_BAND_MIN_BYTES = 64 * 1024
 #: reach pickle 5's buffer callback)
 _PLAIN_TYPES = frozenset((bytes, bytearray, str, int, float, bool, type(None), complex))
 
+#: a tuple or list of at most this many built-in scalars is seen as plain at once (a
+#: longer one costs the scan's budget less than looking at every item)
+_FLAT_MAX = 16
+
 
 #: numpy types seen so far, by what they are for pickling (see :func:`_numpy_kind`)
 _NUMPY_KINDS: dict = {}
@@ -218,9 +222,9 @@ def _cloudpickle(obj: Any, buffer_callback: Any = None) -> bytes:
 def dumps(obj: Any) -> Frames:
     """Serialize ``obj`` to frames; large buffers are separate, uncopied frames."""
     kind = type(obj)
-    if kind in _PLAIN_TYPES or ((kind is tuple or kind is list)
+    if kind in _PLAIN_TYPES or ((kind is tuple or kind is list) and len(obj) <= _FLAT_MAX
                                 and all(map(_PLAIN_TYPES.__contains__, map(type, obj)))):
-        # the common small message (a step command, a chunk of scalars): no buffers to
+        # the common small message (a step command, a few arguments): no buffers to
         # keep out, looked at in one C loop
         return [pickle.dumps(obj, protocol=5)]
     plain = _plain_kind(obj)
