@@ -267,10 +267,33 @@ class AsyncProxy:
         return self._callmethod(method, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name not in self._exposed:
-            raise AttributeError(f"{type(self.sync).__name__} exposes no method {name!r} "
-                                 f"(exposed: {sorted(self._exposed)})")
+        # (only attributes not found on the class get here; ``_exposed`` is looked up
+        # through ``__dict__`` so that an instance being built or unpickled has none)
+        exposed = self.__dict__.get("_exposed", ())
+        if name not in exposed:
+            kind = type(self.__dict__.get("sync")).__name__
+            raise AttributeError(f"{kind} exposes no method {name!r} (exposed: "
+                                 f"{sorted(exposed)})")
         return functools.partial(self._forward, name)
+
+    # Subscripts, as Uber Fiber's async proxy types made them for an exposed
+    # ``__getitem__``...: each returns the call's handle. (``len()``, ``in``, ``bool()``
+    # and iteration are not forwarded: Python would turn the handle into a wrong int or
+    # bool. Call ``__len__()`` or ``__contains__(x)`` by name for a handle.)
+    def __getitem__(self, key: Any) -> AsyncProxyResult:
+        return self._subscript("__getitem__", key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._subscript("__setitem__", key, value).add_done_callback(_log_failure)
+
+    def __delitem__(self, key: Any) -> None:
+        self._subscript("__delitem__", key).add_done_callback(_log_failure)
+
+    def _subscript(self, method: str, *args: Any) -> AsyncProxyResult:
+        if method not in self._exposed:
+            raise TypeError(f"{type(self.sync).__name__} does not expose {method} "
+                            f"(exposed: {sorted(self._exposed)})")
+        return self._callmethod(method, args)
 
     def _close(self) -> None:
         """Close this proxy's connection; calls still in flight fail. (Remote methods
@@ -293,6 +316,13 @@ class AsyncProxy:
 
     def __repr__(self) -> str:
         return f"<AsyncProxy of {self.sync!r}>"
+
+
+def _log_failure(handle: AsyncProxyResult) -> None:
+    """An assignment or deletion has no handle to raise from: its failure is logged."""
+    if handle.exception() is not None:
+        logger.warning("an asynchronous item assignment or deletion failed: %r",
+                       handle.exception())
 
 
 def asynchronous(proxy: Any) -> AsyncProxy:

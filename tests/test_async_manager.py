@@ -153,3 +153,35 @@ def test_any_drop_order_exits_with_nothing_on_stderr(order):
     for run in range(3):
         code, out, err = _run_program(order)
         assert (code, out.strip(), err) == (0, "ok", ""), f"run {run}"
+
+
+class ListManager(AsyncManager):
+    pass
+
+
+ListManager.register("List", list, fiberrl.managers.ListProxy)
+
+
+def test_exposed_dunders_and_subscripts_are_forwarded_as_fibers_async_proxies_were(caplog):
+    # Fiber's async proxy types defined a method for every exposed name, dunders too
+    with ListManager() as manager:
+        items = manager.List([10, 20, 30])
+        assert items[1].get(timeout=30) == 20
+        assert items.__len__().get(timeout=30) == 3
+        assert items.__contains__(30).get(timeout=30) is True
+        items[0] = 11                       # calls on one proxy run in order
+        del items[2]
+        assert items.sync[:] == [11, 20]
+        with pytest.raises(IndexError):
+            items[7].get(timeout=30)
+        items[9] = 1                        # no handle to raise from: logged
+        assert items.append(5).get(timeout=30) is None
+        assert "assignment or deletion failed" in caplog.text
+        with pytest.raises(AttributeError, match="exposes no method '__iter__'"):
+            items.__iter__
+        with pytest.raises(TypeError):
+            len(items)                      # never a wrong int from a handle
+    with CalculatorManager() as manager:
+        calc = manager.Calculator()
+        with pytest.raises(TypeError, match="does not expose __getitem__"):
+            calc[0]
