@@ -348,11 +348,10 @@ class Connection:
         if type(buf) is bytes and offset == 0 and size is None:
             if self._send_quick(_BYTES, buf):
                 return
-            self._check_writable()
-            self._send_frames(_BYTES, [buf] if len(buf) < _SIGNED_BYTES else [b"", buf])
-            return
-        self._check_writable()
-        data = send_slice(buf, offset, size)
+            data = buf
+        else:
+            data = send_slice(buf, offset, size)
+        self._check_writable()   # closed meanwhile by another thread?
         # small payloads travel as the signed frame; large ones unhashed (pipe_wire)
         self._send_frames(_BYTES, [data] if len(data) < _SIGNED_BYTES else [b"", data])
 
@@ -432,16 +431,8 @@ class Connection:
                 or self._eof or self._peer_loc is None):
             return None
         pending = self._pending
-        if not pending:   # _collect(1.0), in fewer steps
-            inbox = self._inbox
-            if inbox is None or inbox.closed:
-                return None   # the general path says why
-            try:
-                ended = inbox.receive(pending, 1.0)
-            except ValueError:   # its epoll set was closed under this thread
-                return None
-            if ended:
-                self._stream_ended(ended)
+        if not pending:
+            self._collect(1.0)
         if pending and pending[0][0] == kind:
             return pending.popleft()[1]
         return None

@@ -197,12 +197,7 @@ class Inbox:
                         self._stream_ended(fd, exc)
                         return STREAM_DROPPED
                     for kind, frames in messages:
-                        head = frames[0]
-                        if len(head) > _STAMP_BYTES and not head[_EMPTY_FLAG]:
-                            frames[0] = head[_STAMP_BYTES:]   # unstamped(), inline
-                        else:
-                            frames = unstamped(frames)
-                        into.append((kind, frames))
+                        into.append((kind, unstamped(frames)))
                     return 0
         items, ended = self._read(events)
         if len(self._readers) > 1 or self._held or self._local_used:
@@ -376,7 +371,8 @@ class Outbox(Stream):
     def open(cls, address: Address, pipe_id: str, end: int, timeout: float = 10.0) -> "Outbox":
         """Connect to the inbox of ``(pipe_id, end)`` in the process at ``address``;
         ``OSError`` (``ConnectionRefusedError`` when the end is not active there)."""
-        return open_stream(tuple(address), f"pipe:{pipe_id}:{end}", timeout=timeout, kind=cls)
+        return open_stream(tuple(address), f"pipe:{pipe_id}:{end}", timeout=timeout,
+                           stream_class=cls)
 
     def send(self, kind: bytes, frames: Sequence[Any] = ()) -> None:
         """Write one message, stamped with its send time; ``OSError`` if the stream is
@@ -392,13 +388,8 @@ class Outbox(Stream):
         if self._look_before_send and self.peer_hung_up():
             raise ConnectionResetError("the other end's stream ended")
         with self._send_lock:   # signed in the order written
-            data = encode_one(self._signer, kind, _STAMP.pack(_monotonic_ns(), 0) + payload)
-            try:
-                sent = self.sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            if sent < len(data):
-                write_all(self.sock, [memoryview(data)[sent:]])
+            write_all(self.sock, [encode_one(self._signer, kind,
+                                             _STAMP.pack(_monotonic_ns(), 0) + payload)])
 
     def hung_up(self) -> bool:
         """True once the inbox closed its end (over TCP, one ``poll`` of no time; on

@@ -35,9 +35,10 @@ _MAX_LABEL = 255
 
 
 def open_stream(address: Address, label: str, key: Optional[bytes] = None,
-                timeout: float = SETUP_TIMEOUT, kind: Optional[type] = None) -> "Stream":
+                timeout: float = SETUP_TIMEOUT, stream_class: Optional[type] = None) -> "Stream":
     """Connect to the listener at ``address`` for ``label``, proving ``key`` (the run's
-    secret by default); the stream is a ``kind`` (:class:`Stream` or a subclass).
+    secret by default); the stream is a ``stream_class`` (:class:`Stream` by default, or
+    a subclass).
 
     Raises ``OSError`` when nothing listens there, :class:`NotHereError` when the
     service is not there, and ``AuthenticationError`` when either side's proof fails.
@@ -70,7 +71,7 @@ def open_stream(address: Address, label: str, key: Optional[bytes] = None,
         sock.close()
         raise
     send_key, recv_key = session_keys(key, nonce_a, nonce_c, encoded)
-    return (kind or Stream)(sock, send_key, recv_key)
+    return (stream_class or Stream)(sock, send_key, recv_key)
 
 
 class Hello:
