@@ -68,6 +68,9 @@ _LOOKUP_INTERVAL = 0.2
 _SIGNED_BYTES = 1 << 16   # send_bytes payloads below this are covered by the MAC
 _QUICK_BYTES = 1 << 15    # send_bytes payloads below this take the short path
 _SEND_ATTEMPTS = 3
+#: how long a receiver waits for the close marker of a peer the rendezvous says closed
+#: cleanly (what the peer sent comes before it); a peer whose process died is not waited for
+_CLOSE_MARKER_GRACE = 2.0
 _TAKEN_AWAY = ("the pipe end was closed, or sent to another process, by another thread while "
                "this one used it")
 
@@ -121,6 +124,7 @@ class Connection:
         self._outbox: Any = None   # Outbox or LocalOutbox
         self._peer_loc: Optional[dict] = None
         self._peer_gone = False
+        self._peer_close_due = 0.0   # peer closed cleanly: its marker is due by then
         self._suspect = False
         self._eof = False
         self._pending: Deque[Tuple[bytes, List[Any]]] = collections.deque()
@@ -209,15 +213,18 @@ class Connection:
         if not force and now - self._last_lookup < _LOOKUP_INTERVAL:
             return
         self._last_lookup = now
-        (loc, holders, lost), _ = client_for(self._registry).call(
+        (loc, holders, lost, closed), _ = client_for(self._registry).call(
             "pipe", "lookup", self._pipe_id, 1 - self._end)
         if loc is not None:
             if loc != self._peer_loc or self._outbox is None:
                 self._connect(loc)
             else:
                 self._suspect = False  # still where our live stream leads
-        elif holders == 0 and (self._suspect or lost):
-            self._peer_gone = True  # its last copy died (active, or on its way to a job)
+        elif holders == 0 and (self._suspect or lost or closed):
+            # its last copy died (active, or on its way to a job), or was closed
+            if closed and not lost and not self._peer_gone:
+                self._peer_close_due = now + _CLOSE_MARKER_GRACE
+            self._peer_gone = True
 
     # -- checks ----------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -372,11 +379,27 @@ class Connection:
                 return True
             if self._peer_loc is None or self._suspect:
                 self._lookup_peer()
-            if self._peer_gone:
-                self._eof = True
+            if self._peer_gone and self._took_the_peers_last_words():
                 return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False
+
+    def _took_the_peers_last_words(self) -> bool:
+        """The rendezvous says the peer is gone. What it sent before is in this end's
+        streams, possibly arrived after the last look at them (or, from another host,
+        still on its way, ahead of the close marker a clean close sends last): take it
+        before the end of file. True when something, or the end of file, is pending."""
+        inbox = self._live_inbox()
+        try:
+            inbox.drain(self._pending)
+        except ValueError:   # its epoll set was closed under this thread
+            raise OSError(_TAKEN_AWAY) from None
+        if self._pending:
+            return True
+        if time.monotonic() < self._peer_close_due:
+            return False   # its close marker is on its way: keep receiving
+        self._eof = True
+        return True
 
     def _live_inbox(self) -> Inbox:
         """The inbox of this active end; ``OSError`` if another thread of this process

@@ -1,5 +1,6 @@
 """Pipe and Connection: order, bytes, EOF, errors, peers in other processes."""
 import array
+import os
 import time
 
 import pytest
@@ -395,3 +396,48 @@ def test_closing_the_senders_copy_after_the_job_closed_its_copy_unused_is_eof():
     assert ready_r.poll(20), "the job waits forever for an end no copy of which is open"
     assert ready_r.recv() == "eof"
     proc.join(30)
+
+
+def _send_and_close_when_told(writer, go_path, done_path, then_exit):
+    while not os.path.exists(go_path):
+        time.sleep(0.005)
+    writer.send("the address")
+    writer.close()
+    open(done_path, "w").close()
+    if not then_exit:
+        time.sleep(600)
+
+
+@pytest.mark.parametrize("then_exit", [False, True], ids=["writer_lives", "writer_exits"])
+def test_a_message_sent_just_before_the_last_close_is_received_before_eof(tmp_path, then_exit):
+    # A manager server sends its address and closes its end; its parent saw EOF instead
+    # of the address when the send and the close fell between the parent's look at its
+    # streams and its question to the rendezvous (which then said "closed"). Here the
+    # writer is told to send and close exactly in that window.
+    reader, writer = fiberrl.Pipe(duplex=False)
+    assert not reader.poll(0)   # active before the writer's job: it watches the rendezvous
+    go, done = str(tmp_path / "go"), str(tmp_path / "done")
+    proc = fiberrl.Process(target=_send_and_close_when_told, args=(writer, go, done, then_exit))
+    proc.start()
+    writer.close()
+    real_collect = reader._collect
+
+    def collect_then_let_the_writer_finish(timeout):
+        real_collect(timeout)
+        if not reader._pending and not os.path.exists(go):
+            open(go, "w").close()
+            while not os.path.exists(done):
+                time.sleep(0.005)
+            if then_exit:
+                proc.join(30)
+            reader._last_lookup = 0.0   # ask the rendezvous at once
+
+    reader._collect = collect_then_let_the_writer_finish
+    try:
+        assert reader.poll(30)
+        assert reader.recv() == "the address"
+        with pytest.raises(EOFError):
+            reader.recv()
+    finally:
+        proc.kill()
+        proc.join(10)

@@ -15,8 +15,9 @@ end's last copy was closed (the sender raises ``BrokenPipeError``). A closing co
 tells the peer "EOF". A copy being sent to another process (``ship``, counted until
 it arrives and registers) also counts. Copies held by jobs that died, and copies on
 their way to a job that died before it unpickled them, are dropped on ``lookup``,
-whose answer says whether any copy was lost that way (then no copies left means EOF,
-where an end that was simply never used yet does not).
+whose answer says whether any copy was lost that way and whether the last copy was
+closed (either way no copies left means EOF, where an end that was simply never used
+yet does not; after a close the closer's marker follows what it sent).
 
 A copy sent on by a process that never used it stays *held unused* there (as a parent
 holds the descriptor of an end it passed to a child). Such copies do not keep the
@@ -162,7 +163,7 @@ class PipeRegistry:
                 request.reply("stored", None)
         elif op == "lookup":
             self._purge_dead(end)
-            request.reply(end.location(), end.copies(), end.lost or end.closed)
+            request.reply(end.location(), end.copies(), end.lost, end.closed)
         elif op == "ship":
             end.in_transit += 1
             token, held_here = request.args[2:4]
