@@ -300,7 +300,7 @@ def test_messages_from_several_senders_come_in_the_order_they_were_sent():
     import socket as socket_mod
     import time as time_mod
 
-    from fiberrl._services.pipe_inbox import _STAMP, Inbox
+    from fiberrl._services.pipe_inbox import _STAMP, Inbox, _clock_ns
     from fiberrl._wire.stream import Stream
 
     for earlier_on_first in (True, False):
@@ -311,7 +311,7 @@ def test_messages_from_several_senders_come_in_the_order_they_were_sent():
             key_out, key_in = os.urandom(32), os.urandom(32)
             assert inbox.attach(theirs, key_out, b"")
             senders.append(Stream(ours, key_out, key_in))
-        now = time_mod.monotonic_ns()
+        now = _clock_ns()
         first, second = senders if earlier_on_first else senders[::-1]
         first.send(b"o", [_STAMP.pack(now, 0) + b"sent first"])
         second.send(b"o", [_STAMP.pack(now + 1000, 0) + b"sent second"])
@@ -441,3 +441,79 @@ def test_a_message_sent_just_before_the_last_close_is_received_before_eof(tmp_pa
     finally:
         proc.kill()
         proc.join(10)
+
+
+@pytest.mark.parametrize("skew", ["far_ahead", "far_behind"])
+def test_a_sender_whose_clock_is_off_is_neither_held_back_nor_lost(skew):
+    """Messages from several senders are merged by send time. A sender on another host
+    stamps them with its own clock: one far ahead held its messages back for as long
+    as it was ahead (a hang), so a message counts as sent no later than it was read."""
+    import collections
+    import os
+    import socket as socket_mod
+    import time as time_mod
+
+    from fiberrl._services import pipe_inbox
+    from fiberrl._services.pipe_inbox import _STAMP, Inbox
+    from fiberrl._wire.stream import Stream
+
+    inbox = Inbox()
+    senders = []
+    for _ in range(2):
+        ours, theirs = socket_mod.socketpair()
+        key_out, key_in = os.urandom(32), os.urandom(32)
+        assert inbox.attach(theirs, key_out, b"")
+        senders.append(Stream(ours, key_out, key_in))
+    off_clock = (1 << 64) - 1 if skew == "far_ahead" else 0
+    senders[0].send(b"o", [_STAMP.pack(off_clock, 0) + b"from the other host"])
+    senders[1].send(b"o", [_STAMP.pack(pipe_inbox._clock_ns(), 0) + b"from this host"])
+    got = collections.deque()
+    deadline = time_mod.monotonic() + 2.0
+    while len(got) < 2 and time_mod.monotonic() < deadline:
+        inbox.receive(got, 0.1)
+    assert sorted(frames[0] for _, frames in got) == [b"from the other host",
+                                                      b"from this host"]
+    for stream in senders:
+        stream.close()
+    inbox.close()
+
+
+def test_one_senders_messages_keep_their_order_when_its_clock_is_set_back():
+    """Merging by send time must not reorder one sender's messages when its wall clock
+    steps back between two sends (NTP), nor local deliveries when this host's does."""
+    import collections
+    import os
+    import socket as socket_mod
+
+    from fiberrl._services import pipe_inbox
+    from fiberrl._services.pipe_inbox import _STAMP, Inbox
+    from fiberrl._wire.stream import Stream
+
+    inbox = Inbox()
+    senders = []
+    for _ in range(2):   # two streams: the merging path
+        ours, theirs = socket_mod.socketpair()
+        key_out, key_in = os.urandom(32), os.urandom(32)
+        assert inbox.attach(theirs, key_out, b"")
+        senders.append(Stream(ours, key_out, key_in))
+    now = pipe_inbox._clock_ns()
+    senders[0].send(b"o", [_STAMP.pack(now, 0) + b"first"])
+    senders[0].send(b"o", [_STAMP.pack(now - 10**10, 0) + b"second, 10 s 'earlier'"])
+    real_clock = pipe_inbox._clock_ns
+    try:
+        inbox.deliver_local(b"o", [b"local first"])
+        pipe_inbox._clock_ns = lambda: real_clock() - 10**10
+        inbox.deliver_local(b"o", [b"local second"])
+    finally:
+        pipe_inbox._clock_ns = real_clock
+    got = collections.deque()
+    deadline = time.monotonic() + 2.0
+    while len(got) < 4 and time.monotonic() < deadline:
+        inbox.receive(got, 0.1)
+    bodies = [frames[0] for _, frames in got]
+    assert len(bodies) == 4, bodies
+    assert bodies.index(b"first") < bodies.index(b"second, 10 s 'earlier'")
+    assert bodies.index(b"local first") < bodies.index(b"local second")
+    for stream in senders:
+        stream.close()
+    inbox.close()

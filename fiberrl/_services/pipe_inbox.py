@@ -23,7 +23,9 @@ Messages from several senders (copies of one end in several processes, or a send
 in this process too) come out in the order they were sent, as from one kernel pipe:
 each carries its send time, and a message is handed on only once every stream has been
 looked at after its send time, so that one sent earlier, by a sender that had to wait
-for it (a lock, a barrier), cannot come second.
+for it (a lock, a barrier), cannot come second. Send times are wall-clock times, so this
+holds across hosts as far as their clocks agree; a message counts as sent no later than
+it was read, so a host whose clock runs ahead delays nothing.
 
 Waiting spins a little before it sleeps, adaptively (:mod:`fiberrl._wire.spin`
 says why and how), so a slow peer (an environment step, a long computation) costs
@@ -53,11 +55,13 @@ logger = logging.getLogger(__name__)
 
 
 
-_STAMP = struct.Struct("!QB")   # send time (CLOCK_MONOTONIC, ns), 1 if the message had no frames
+_STAMP = struct.Struct("!QB")   # send time (ns, _clock_ns), 1 if the message had no frames
 _SMALL_STAMPED = SMALL - _STAMP.size
 _STAMP_BYTES = _STAMP.size
 _EMPTY_FLAG = _STAMP.size - 1   # the offset of the stamp's "no frames" byte
-_monotonic_ns = time.monotonic_ns
+#: the send-time clock: the wall clock (CLOCK_REALTIME), the one clock that hosts keep
+#: in step; a sender whose clock is off anyway is read no later than it arrived (_read)
+_clock_ns = time.time_ns
 
 #: what :meth:`Inbox.receive` reports besides messages (bits)
 STREAM_DROPPED = 1   # a sender's stream ended
@@ -67,9 +71,9 @@ OUTBOX_BROKE = 2     # the end's own outbox, which the inbox watches, ended
 def stamped(frames: Sequence[Any]) -> List[Any]:
     """``frames`` with the send time put in front of frame 0 (the signed frame)."""
     if not frames:
-        return [_STAMP.pack(time.monotonic_ns(), 1)]
+        return [_STAMP.pack(_clock_ns(), 1)]
     head = frames[0] if type(frames[0]) is bytes else bytes(frames[0])
-    return [_STAMP.pack(time.monotonic_ns(), 0) + head, *frames[1:]]
+    return [_STAMP.pack(_clock_ns(), 0) + head, *frames[1:]]
 
 
 def unstamped(frames: List[Any]) -> List[Any]:
@@ -109,8 +113,11 @@ class Inbox:
         self._lock = threading.Lock()
         self._local: Deque[Tuple[int, Message]] = collections.deque()   # (send time, message)
         self._readers: Dict[int, FrameReader] = {}
+        # per stream: the send time its last message was merged at (see _read)
+        self._merged_at: Dict[int, int] = {}
         self._held: List[Tuple[int, Message]] = []   # sent after the last horizon: see receive
         self._local_used = False   # a sender in this process delivered here
+        self._local_sent = 0   # the send time of the last local delivery
         self._watched: Optional[int] = None
         self.closed = False
 
@@ -140,7 +147,9 @@ class Inbox:
             if not self._local:
                 self._poke()
             self._local_used = True
-            self._local.append((time.monotonic_ns(), (kind, frames)))
+            # never before the last one (the clock may be set back): kept in send order
+            self._local_sent = max(self._local_sent, _clock_ns())
+            self._local.append((self._local_sent, (kind, frames)))
 
     def wake(self) -> None:
         """Make :meth:`fileno` readable now (until the next :meth:`receive`)."""
@@ -206,7 +215,7 @@ class Inbox:
             # (or was sent concurrently, without an order to keep), so after a last
             # look at every stream, what was sent up to ``horizon`` goes out in send
             # order and anything later waits for the next call (module doc).
-            horizon = time.monotonic_ns()
+            horizon = _clock_ns()
             more, ended_more = self._read(self._epoll.poll(0))
             items += more + self._held
             ended |= ended_more
@@ -238,9 +247,25 @@ class Inbox:
                 messages = self._read_stream(fd, reader)
                 if messages is None:
                     ended |= STREAM_DROPPED
-                else:
-                    items += [unstamp(message) for message in messages]
+                elif messages:
+                    items += self._merge_times(fd, messages)
         return items, ended
+
+    def _merge_times(self, fd: int, messages: List[Message]) -> List[Tuple[int, Message]]:
+        """``(send time, message)`` pairs for what one stream brought, the times made
+        fit to merge by: a message was sent no later than it was read (a sender on a
+        host whose clock runs ahead is not held back until this clock catches up), and
+        no earlier than the one before it on its stream (a clock set back cannot
+        reorder one sender's messages)."""
+        read_at = _clock_ns()
+        floor = self._merged_at.get(fd, 0)
+        pairs = []
+        for message in messages:
+            sent, message = unstamp(message)
+            floor = max(floor, min(sent, read_at))
+            pairs.append((floor, message))
+        self._merged_at[fd] = floor
+        return pairs
 
     def _read_stream(self, fd: int, reader: FrameReader) -> Optional[List[Message]]:
         """What one sender's stream has; None when it ended (it is dropped then)."""
@@ -293,6 +318,7 @@ class Inbox:
     def _drop(self, fd: int) -> None:
         with self._lock:
             reader = self._readers.pop(fd, None)
+            self._merged_at.pop(fd, None)
             try:
                 self._epoll.unregister(fd)
             except OSError:
@@ -305,6 +331,7 @@ class Inbox:
         with self._lock:
             self.closed = True
             readers, self._readers = list(self._readers.values()), {}
+            self._merged_at.clear()
             self._local.clear()
             self._held = []
         self.unwatch()
@@ -389,7 +416,7 @@ class Outbox(Stream):
             raise ConnectionResetError("the other end's stream ended")
         with self._send_lock:   # signed in the order written
             write_all(self.sock, [encode_one(self._signer, kind,
-                                             _STAMP.pack(_monotonic_ns(), 0) + payload)])
+                                             _STAMP.pack(_clock_ns(), 0) + payload)])
 
     def hung_up(self) -> bool:
         """True once the inbox closed its end (over TCP, one ``poll`` of no time; on
