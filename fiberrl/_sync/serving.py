@@ -399,7 +399,7 @@ class BaseManager(mp_managers.BaseManager):
                                    f"address within {timeout:.0f} s (start_timeout)")
         try:
             return reader.recv()
-        except EOFError:
+        except EOFError as exc:
             self._process.join(5.0)
             if self._process.is_alive():
                 # it closed its end without an address: a server nobody can reach, which
@@ -407,7 +407,8 @@ class BaseManager(mp_managers.BaseManager):
                 self._process.kill()
                 self._process.join(5.0)
                 raise ProcessError(f"manager server {self._process.name} closed its pipe "
-                                   f"without reporting its address; it was killed") from None
+                                   f"without reporting its address ({exc}); it was "
+                                   f"killed") from None
             raise ProcessError(f"manager server {self._process.name} exited with code "
                                f"{self._process.exitcode} before serving") from None
 
