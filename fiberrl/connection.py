@@ -67,7 +67,8 @@ _OBJECT, _BYTES, _CLOSE = b"o", b"b", CLOSE
 _LOOKUP_INTERVAL = 0.2
 _SIGNED_BYTES = 1 << 16   # send_bytes payloads below this are covered by the MAC
 _QUICK_BYTES = 1 << 15    # send_bytes payloads below this take the short path
-_SEND_ATTEMPTS = 3
+_SEND_ATTEMPTS = 3   # tried at once; then as _Retry says
+_MOVE_SECONDS = 5.0   # how long a sender waits for a moving peer end to arrive
 #: how long a receiver waits for the close marker of a peer the rendezvous says closed
 #: cleanly (what the peer sent comes before it); a peer whose process died is not waited for
 _CLOSE_MARKER_GRACE = 2.0
@@ -106,6 +107,31 @@ def Pipe(duplex: bool = True) -> Tuple["Connection", "Connection"]:
     first = Connection(pipe_id, 0, address, readable=True, writable=duplex)
     second = Connection(pipe_id, 1, address, readable=duplex, writable=True)
     return first, second
+
+
+class _Retry:
+    """The attempts of one send whose stream to the peer end failed. The first retries
+    are at once; then the rendezvous still names a copy that no longer receives there: it
+    is moving to another process (or closing), which the rendezvous learns in a moment, so
+    later attempts wait a little, for up to :data:`_MOVE_SECONDS` in all."""
+
+    __slots__ = ("attempts", "deadline", "pause")
+
+    def __init__(self) -> None:
+        self.attempts, self.deadline, self.pause = 0, 0.0, 0.001
+
+    def again(self, conn: "Connection") -> bool:
+        """Whether to try (again); ``BrokenPipeError`` once the time is up."""
+        self.attempts += 1
+        if self.attempts <= _SEND_ATTEMPTS:
+            if self.attempts == 1:
+                self.deadline = time.monotonic() + _MOVE_SECONDS
+            return True
+        if time.monotonic() > self.deadline:
+            raise BrokenPipeError(f"cannot reach the other end of {conn!r}")
+        time.sleep(self.pause)
+        self.pause = min(self.pause * 2, 0.05)
+        return True
 
 
 class Connection:
@@ -289,7 +315,8 @@ class Connection:
         self._activate()
         if self._peer_gone and kind != _CLOSE:
             raise BrokenPipeError("the other end of the pipe is closed")
-        for _ in range(_SEND_ATTEMPTS):
+        retry = _Retry()
+        while retry.again(self):
             if self._outbox is None:
                 (answer, peer), _ = client_for(self._registry).call(
                     "pipe", "mail", self._pipe_id, 1 - self._end, kind, body=frames)
@@ -309,7 +336,6 @@ class Connection:
             except OSError as exc:
                 self._stream_broke(exc)
                 self._check_peer_there()
-        raise BrokenPipeError(f"cannot reach the other end of {self!r}")
 
     def _check_peer_there(self) -> None:
         self._lookup_peer(force=True)
@@ -551,7 +577,9 @@ class Connection:
         was given only so that it could close it ends nothing while its sender holds it.
         """
         if self._pid == this_pid():
-            self._inbox.drain(self._pending)
+            # senders go to the rendezvous from now on (a copy that closes waits for no
+            # TCP sender: what it hands back is read only if another copy is used)
+            self._inbox.stop_receiving(self._pending, flush_tcp=keep)
         unread = list(self._pending)
         (remaining,), _ = client_for(self._registry).call(
             "pipe", "release", self._pipe_id, self._end, _process_id(),

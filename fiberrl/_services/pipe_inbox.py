@@ -63,6 +63,10 @@ _EMPTY_FLAG = _STAMP.size - 1   # the offset of the stamp's "no frames" byte
 #: in step; a sender whose clock is off anyway is read no later than it arrived (_read)
 _clock_ns = time.time_ns
 
+#: how long an inbox that stops receiving reads on a TCP stream for what its sender
+#: wrote before it learnt of the stop (see :meth:`Inbox.stop_receiving`)
+TCP_FLUSH_SECONDS = 0.2
+
 #: what :meth:`Inbox.receive` reports besides messages (bits)
 STREAM_DROPPED = 1   # a sender's stream ended
 OUTBOX_BROKE = 2     # the end's own outbox, which the inbox watches, ended
@@ -304,6 +308,47 @@ class Inbox:
             ended = self.receive(into, 0)
             if len(into) == before and not ended & STREAM_DROPPED:
                 return
+
+    def stop_receiving(self, into: Deque[Message], flush_tcp: bool = True) -> None:
+        """Stop receiving here and append everything sent here so far to ``into``, in
+        order: from now on a stream set-up is refused, a local sender's delivery fails
+        and a stream takes no more (each sender then asks the rendezvous, which keeps
+        what it sends for the end's next copy), so nothing sent here is lost.
+
+        On a Unix socket the cut is exact: a sender's write fails once this side shut
+        reading. Over TCP a sender learns of it only when the shutdown reaches it, so
+        with ``flush_tcp`` (a copy that moves: what it hands back is read by the next
+        one) the stream is read until the sender closes it, for at most
+        :data:`TCP_FLUSH_SECONDS`.
+        """
+        with self._lock:
+            self.closed = True
+            readers = list(self._readers.items())
+        items, self._held = self._take_local() + self._held, []
+        deadline = time.monotonic() + (TCP_FLUSH_SECONDS if flush_tcp else 0.0)
+        for fd, reader in readers:
+            unix = reader.sock.family == socket.AF_UNIX
+            try:
+                reader.sock.shutdown(socket.SHUT_RD if unix else socket.SHUT_WR)
+            except OSError:
+                pass
+            items += self._read_to_end(fd, reader, deadline)
+        items.sort(key=lambda item: item[0])   # stable: one sender's order is kept
+        into.extend(message for _, message in items)
+
+    def _read_to_end(self, fd: int, reader: FrameReader,
+                     deadline: float) -> List[Tuple[int, Message]]:
+        """``(send time, message)`` pairs of all one stream still brings, until it ends
+        (at once on a Unix socket shut for reading) or ``deadline`` passes."""
+        items: List[Tuple[int, Message]] = []
+        while True:
+            try:
+                items += self._merge_times(fd, reader.read())
+            except EOFError:
+                return items
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([reader.sock], [], [], left)[0]:
+                return items
 
     def _take_local(self) -> List[Tuple[int, Message]]:
         with self._lock:
