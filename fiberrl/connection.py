@@ -49,6 +49,7 @@ from multiprocessing import BufferTooShort
 from typing import Any, Deque, List, Optional, Tuple
 
 from . import reduction
+from ._runtime import dropped
 from ._runtime.jobenv import this_pid
 from ._runtime.rpc import client_for
 from ._wire.buffers import receive_target, send_slice
@@ -88,7 +89,9 @@ def _process_id() -> str:
 
 
 def close_all() -> None:
-    """Close every active connection of this process (at job exit: peers see EOF)."""
+    """Close every active connection of this process, and those dropped unclosed whose
+    close is still queued (at job exit: peers see EOF)."""
+    dropped.run_queued()
     for conn in list(_live):
         try:
             conn.close()
@@ -141,6 +144,8 @@ class Connection:
                  writable: bool = True) -> None:
         self._pipe_id, self._end, self._registry = pipe_id, end, registry
         self._readable, self._writable = readable, writable
+        self._owner_pid = os.getpid()   # made or received here: closed here when dropped
+        dropped.start()
         self._closed = False
         self._shipped = False
         self._used = False   # sent or received through in this process
@@ -223,7 +228,11 @@ class Connection:
             self._suspect = True
             return False
         self._outbox, self._suspect = outbox, False
-        self._live_inbox().watch(outbox.fileno())
+        if self._closed:
+            raise OSError(_TAKEN_AWAY)
+        inbox = self._inbox
+        if inbox is not None and not inbox.closed:   # closed: this end is closing (a last
+            inbox.watch(outbox.fileno())              # message, its close marker, goes out)
         return True
 
     def _disconnect(self) -> None:
@@ -618,10 +627,22 @@ class Connection:
         self.close()
 
     def __del__(self) -> None:
-        if not getattr(self, "_closed", True) and self._pid == this_pid():
+        # Dropped without close(): closed as a stdlib connection's descriptor is when it
+        # is collected (the peer sees EOF once no copy is left), by the closer thread, as
+        # a close talks to the rendezvous (fiberrl._runtime.dropped says why). A copy a
+        # fork child inherited is not the child's to close.
+        if getattr(self, "_closed", True) or self._owner_pid != os.getpid():
+            return
+        heir = object.__new__(Connection)
+        heir.__dict__.update(self.__dict__)
+        self._closed = True
+        if dropped.close_later(heir.close):
+            return
+        heir._closed = True
+        if heir._pid == this_pid():
             try:
-                self._disconnect()
-                self._close_inbox()
+                heir._disconnect()
+                heir._close_inbox()
             except Exception:
                 pass
 

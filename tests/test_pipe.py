@@ -580,3 +580,75 @@ def test_messages_sent_while_a_receiving_end_moves_to_another_process_are_not_lo
             proc.join(10)
             if proc.is_alive():
                 proc.kill()
+
+
+@pytest.mark.parametrize("how", ["close", "drop"])
+def test_an_end_that_sent_before_its_peer_was_used_gives_eof_when_closed_or_dropped(how):
+    """A message sent before the receiving end is used waits at the rendezvous; the
+    sender then has no stream, and its close must still reach the receiver, which is
+    in use by then. Dropping the end unclosed closes it too, as the stdlib's connection
+    is closed when collected."""
+    import gc
+
+    reader, writer = fiberrl.Pipe(duplex=False)
+    writer.send("kept for the reader")
+    assert reader.recv() == "kept for the reader"
+    if how == "close":
+        writer.close()
+    else:
+        del writer
+        gc.collect()
+    assert reader.poll(10), "the close never reached the receiver"
+    with pytest.raises(EOFError):
+        reader.recv()
+
+
+def test_a_dropped_receiving_end_makes_sends_fail_with_broken_pipe():
+    import gc
+
+    first, second = fiberrl.Pipe()
+    second.send("used")
+    assert first.recv() == "used"
+    del first
+    gc.collect()
+    with pytest.raises(BrokenPipeError):
+        for _ in range(100):
+            second.send("to nobody")
+            time.sleep(0.05)
+
+
+_INHERITED = []
+
+
+def _drop_the_inherited_copies():
+    import gc
+    own = fiberrl.Pipe()   # ends of its own: this process closes what it drops
+    _INHERITED.clear()
+    gc.collect()
+    time.sleep(0.3)   # time for a close, were one (wrongly) queued
+    own[0].close()
+    own[1].close()
+
+
+def test_a_fork_child_dropping_the_copies_it_inherited_closes_nothing():
+    """A stdlib fork child of a fiberrl process inherits its connection objects; it
+    dropping them must not close the parent's ends (the parent's descriptors stay open
+    when a stdlib fork child closes its copies)."""
+    import multiprocessing as std
+
+    def make():
+        reader, writer = fiberrl.Pipe(duplex=False)
+        writer.send("before")
+        assert reader.recv() == "before"
+        _INHERITED.extend([reader, writer])
+
+    make()
+    child = std.get_context("fork").Process(target=_drop_the_inherited_copies)
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    reader, writer = _INHERITED
+    writer.send("after")
+    assert reader.poll(10) and reader.recv() == "after"
+    assert not reader.poll(0.5)
+    _INHERITED.clear()
