@@ -155,6 +155,7 @@ class Connection:
         self._outbox: Any = None   # Outbox or LocalOutbox
         self._peer_loc: Optional[dict] = None
         self._peer_gone = False
+        self._peer_held = False   # gone, but a copy is held unused somewhere (see above)
         self._peer_close_due = 0.0   # peer closed cleanly: its marker is due by then
         self._suspect = False
         self._eof = False
@@ -248,7 +249,7 @@ class Connection:
         if not force and now - self._last_lookup < _LOOKUP_INTERVAL:
             return
         self._last_lookup = now
-        (loc, holders, lost, closed), _ = client_for(self._registry).call(
+        (loc, holders, lost, closed, held), _ = client_for(self._registry).call(
             "pipe", "lookup", self._pipe_id, 1 - self._end)
         if loc is not None:
             if loc != self._peer_loc or self._outbox is None:
@@ -260,6 +261,10 @@ class Connection:
             if closed and not lost and not self._peer_gone:
                 self._peer_close_due = now + _CLOSE_MARKER_GRACE
             self._peer_gone = True
+            # a copy of it still held unused somewhere may read what is sent: after a
+            # clean close sends are kept for it (as a kernel pipe's buffer is for a
+            # descriptor still open); a copy that died is a fault, which sends report
+            self._peer_held = held and not lost
 
     # -- checks ----------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -322,7 +327,7 @@ class Connection:
     # -- sending ---------------------------------------------------------------------
     def _send_frames(self, kind: bytes, frames: List[Any]) -> None:
         self._activate()
-        if self._peer_gone and kind != _CLOSE:
+        if self._peer_gone and not self._peer_held and kind != _CLOSE:
             raise BrokenPipeError("the other end of the pipe is closed")
         retry = _Retry()
         while retry.again(self):
@@ -332,7 +337,7 @@ class Connection:
                 if answer == "stored":
                     return
                 if answer == "closed":
-                    self._peer_gone = True
+                    self._peer_gone, self._peer_held = True, False
                     raise BrokenPipeError("the other end of the pipe is closed")
                 if not self._connect(peer):
                     self._check_peer_there()
@@ -348,7 +353,7 @@ class Connection:
 
     def _check_peer_there(self) -> None:
         self._lookup_peer(force=True)
-        if self._peer_gone:
+        if self._peer_gone and not self._peer_held:
             raise BrokenPipeError("the other end of the pipe is closed")
 
     def _send_quick(self, kind: bytes, payload: bytes) -> bool:

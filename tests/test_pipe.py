@@ -652,3 +652,26 @@ def test_a_fork_child_dropping_the_copies_it_inherited_closes_nothing():
     assert reader.poll(10) and reader.recv() == "after"
     assert not reader.poll(0.5)
     _INHERITED.clear()
+
+
+def _poll_then_exit(reader):
+    reader.poll(5)
+
+
+def test_sends_to_an_end_whose_user_exited_are_kept_for_the_copy_still_held():
+    """CPython's TestPoll.test_boundaries: a job polls its copy of the reading end and
+    exits while the parent still holds the copy it passed on. As with a kernel pipe,
+    whose buffer waits for a descriptor still open, every send succeeds and the parent's
+    copy reads the messages in order (the job's exit could make a later send raise
+    BrokenPipeError, or lose it, before)."""
+    reader, writer = fiberrl.Pipe(duplex=False)
+    proc = fiberrl.Process(target=_poll_then_exit, args=(reader,))
+    proc.start()
+    time.sleep(1.0)   # the job's copy is active
+    writer.send_bytes(b"first")
+    proc.join(30)
+    assert proc.exitcode == 0
+    for i in range(3):
+        writer.send_bytes(b"later %d" % i)
+    assert [reader.recv_bytes() for _ in range(4)] == [b"first", b"later 0", b"later 1",
+                                                       b"later 2"]

@@ -21,8 +21,10 @@ yet does not; after a close the closer's marker follows what it sent).
 
 A copy sent on by a process that never used it stays *held unused* there (as a parent
 holds the descriptor of an end it passed to a child). Such copies do not keep the
-pipe open against copies that were used, but they do against a copy closed without
-being used (a job given the end only to close it, as gymnasium's workers are): that
+pipe open against copies that were used (the peer reads EOF), except for what the peer
+sends after a clean close: that is kept for them, as a kernel pipe keeps it for a
+descriptor still open (after a copy died, sends raise: the fault is reported).
+They do keep it open against a copy closed without being used (a job given the end only to close it, as gymnasium's workers are): that
 close leaves EOF owed, and the last of those senders to close its copy (``unship``)
 or to die sends it.
 """
@@ -156,14 +158,15 @@ class PipeRegistry:
                 peer.closed = True   # the sender's end closed its only, never used copy
             if loc is not None:
                 request.reply("peer", loc)
-            elif end.closed and end.copies() == 0:
+            elif end.closed and end.copies() == 0 and not end.held_unused:
                 request.reply("closed", None)
             else:
                 end.mail.append((request.args[2], list(request.body)))
                 request.reply("stored", None)
         elif op == "lookup":
             self._purge_dead(end)
-            request.reply(end.location(), end.copies(), end.lost, end.closed)
+            request.reply(end.location(), end.copies(), end.lost, end.closed,
+                          bool(end.held_unused))
         elif op == "ship":
             end.in_transit += 1
             token, held_here = request.args[2:4]
