@@ -160,6 +160,34 @@ def test_a_job_elsewhere_whose_stream_stays_gone_is_given_up_once_though_its_bac
     os.close(sentinel_r)
 
 
+class _FakeUnanswerableRemotePopen(_FakeRemotePopen):
+    """A job on another host whose backend cannot answer at all (``squeue`` exiting 1
+    while the controller has lost the job's node)."""
+
+    def poll(self):
+        raise RuntimeError("squeue exited with status 1")
+
+
+def test_a_job_elsewhere_whose_stream_stays_gone_is_given_up_though_its_backend_fails():
+    # The status query failing used to skip the silence check: the interpreter's exit,
+    # which joins every child, then waited for ever (test_slurm_warm's node loss, twice
+    # in CI)
+    jobs = job_watch()
+    heard = []
+    jobs.on_end(lambda token: heard.append(token) if token == "t-unanswerable" else None)
+    popen = _FakeUnanswerableRemotePopen()
+    jobs.watch("t-unanswerable", popen, lost_after=0.3)
+    sentinel_r, sentinel_w = os.pipe()
+    watch = ParentWatch(runtime().address, "t-unanswerable", grace=5.0, interval=0.05,
+                        sentinel_write=sentinel_w)
+    watch.start()
+    assert _wait(lambda: jobs.jobs["t-unanswerable"].link is not None), "never connected"
+    watch.stop()   # its stream ends and no other comes
+    assert _wait(lambda: heard == ["t-unanswerable"]), "never given up"
+    assert len(popen.lost_for) == 1 and jobs.ended("t-unanswerable")
+    os.close(sentinel_r)
+
+
 def _touch_and_sleep(path):
     open(path, "w").close()
     time.sleep(60)

@@ -252,9 +252,9 @@ class JobWatch:
                 popen = entry.popen()
                 try:
                     finished = popen is None or popen.poll() is not None
-                except Exception:
+                except Exception:   # the backend cannot say: the job's silence still can
                     logger.debug("status of job %s failed", token, exc_info=True)
-                    continue
+                    finished = False
                 if not finished and self._gone_silent(entry):
                     popen.lost(f"no word from the job for {self.silence(token):.0f} s since "
                                "its stream to this process ended: its host is gone or cut "
