@@ -220,6 +220,8 @@ class Connection:
 
     def _connect(self, loc: dict) -> bool:
         """Open a stream to the peer end at ``loc``; False (and suspicious) on failure."""
+        if self._closed:
+            raise OSError(_TAKEN_AWAY)
         self._disconnect()
         self._peer_loc = loc
         try:
@@ -229,8 +231,6 @@ class Connection:
             self._suspect = True
             return False
         self._outbox, self._suspect = outbox, False
-        if self._closed:
-            raise OSError(_TAKEN_AWAY)
         inbox = self._inbox
         if inbox is not None and not inbox.closed:   # closed: this end is closing (a last
             inbox.watch(outbox.fileno())              # message, its close marker, goes out)

@@ -24,9 +24,9 @@ holds the descriptor of an end it passed to a child). Such copies do not keep th
 pipe open against copies that were used (the peer reads EOF), except for what the peer
 sends after a clean close: that is kept for them, as a kernel pipe keeps it for a
 descriptor still open (after a copy died, sends raise: the fault is reported).
-They do keep it open against a copy closed without being used (a job given the end only to close it, as gymnasium's workers are): that
-close leaves EOF owed, and the last of those senders to close its copy (``unship``)
-or to die sends it.
+They do keep it open against a copy closed without being used (a job given the end
+only to close it, as gymnasium's workers are): that close leaves EOF owed, and the
+last of those senders to close its copy (``unship``) or to die sends it.
 """
 from __future__ import annotations
 
