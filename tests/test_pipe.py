@@ -675,3 +675,21 @@ def test_sends_to_an_end_whose_user_exited_are_kept_for_the_copy_still_held():
         writer.send_bytes(b"later %d" % i)
     assert [reader.recv_bytes() for _ in range(4)] == [b"first", b"later 0", b"later 1",
                                                        b"later 2"]
+
+
+def test_an_inbox_closed_twice_closes_no_descriptor_it_no_longer_owns():
+    """A second close of an inbox (or a wake-up after its close) must not touch the
+    numbers its wake-up pipe had: they may belong to another file by then."""
+    from fiberrl._services.pipe_inbox import Inbox
+
+    inbox = Inbox()
+    inbox.close()
+    other_r, other_w = os.pipe()   # likely takes the numbers the inbox had
+    try:
+        inbox.close()
+        inbox.wake()
+        os.write(other_w, b"still open")
+        assert os.read(other_r, 100) == b"still open"
+    finally:
+        os.close(other_r)
+        os.close(other_w)

@@ -173,3 +173,19 @@ def test_a_spinning_stream_still_sleeps_and_times_out_and_gets_late_replies(serv
     assert stream._spin_gate.skip == 0
     stream.close()
     channel.close()
+
+
+def test_an_accept_that_races_the_listeners_close_says_nothing(caplog):
+    """A job's exit closes its listener from the main thread while the loop may be
+    about to accept on it: that accept fails (EBADF), and must not print a warning on
+    the job's stderr (it did, in a pipe hand-over stress)."""
+    import logging
+
+    from fiberrl._runtime.acceptor import Acceptor
+
+    acceptor = Acceptor(runtime().reactor, "127.0.0.1")
+    listener = acceptor.sockets[0]
+    acceptor.close()
+    with caplog.at_level(logging.WARNING, logger="fiberrl._runtime.acceptor"):
+        acceptor._accept(listener)   # what the loop runs for an event it already had
+    assert caplog.records == []

@@ -112,8 +112,9 @@ class Acceptor:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # e.g. out of descriptors: say so, keep serving
-                logger.warning("accept failed on %s:%s: %s", *self.address, exc)
-                return
+                if not self.closed:   # else closed from another thread (a job's exit) as
+                    logger.warning("accept failed on %s:%s: %s", *self.address, exc)
+                return                # the loop was about to accept: nothing to say
             try:
                 hello = Hello(sock)
             except OSError:

@@ -26,6 +26,7 @@ class _Closer:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.queue: Deque[Callable[[], None]] = collections.deque()
+        self.running = threading.Lock()   # held while closes run (a job's exit waits on it)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         threading.Thread(target=self._run, name="fiberrl-dropped-closer", daemon=True).start()
@@ -39,6 +40,10 @@ class _Closer:
             self.run_queued()
 
     def run_queued(self) -> None:
+        with self.running:
+            self._run_all()
+
+    def _run_all(self) -> None:
         while True:
             try:
                 close = self.queue.popleft()
@@ -83,7 +88,8 @@ def close_later(close: Callable[[], None]) -> bool:
 
 
 def run_queued() -> None:
-    """Run the queued closes now, in this thread (at a job's exit)."""
+    """Run the queued closes now, in this thread, after any the closer thread is
+    running (at a job's exit: every dropped end is closed before its runtime stops)."""
     closer = _closer
     if closer is not None and closer.pid == os.getpid():
         closer.run_queued()

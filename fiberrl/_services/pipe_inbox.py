@@ -161,6 +161,8 @@ class Inbox:
             self._poke()
 
     def _poke(self) -> None:
+        if self._wake_w < 0:
+            return   # closed (the lock is held: it cannot close meanwhile)
         try:
             os.write(self._wake_w, b"\0")
         except BlockingIOError:
@@ -353,7 +355,8 @@ class Inbox:
     def _take_local(self) -> List[Tuple[int, Message]]:
         with self._lock:
             try:
-                os.read(self._wake_r, 4096)
+                if self._wake_r >= 0:
+                    os.read(self._wake_r, 4096)
             except BlockingIOError:
                 pass
             taken = list(self._local)
@@ -372,8 +375,10 @@ class Inbox:
             reader.sock.close()
 
     def close(self) -> None:
-        """Close every stream and the wake-up pipe (the receiving thread)."""
+        """Close every stream and the wake-up pipe (the receiving thread); once."""
         with self._lock:
+            if self._wake_r < 0:
+                return   # closed before: its descriptor numbers may be another's now
             self.closed = True
             readers, self._readers = list(self._readers.values()), {}
             self._merged_at.clear()
@@ -383,8 +388,9 @@ class Inbox:
         for reader in readers:
             reader.sock.close()
         self._epoll.close()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        wake_r, wake_w, self._wake_r, self._wake_w = self._wake_r, self._wake_w, -1, -1
+        os.close(wake_r)
+        os.close(wake_w)
 
 
 class PipeEnds:
