@@ -12,6 +12,7 @@ job's exit.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import threading
@@ -56,10 +57,8 @@ class _Closer:
 
     def put(self, close: Callable[[], None]) -> None:
         self.queue.append(close)
-        try:
+        with contextlib.suppress(OSError):   # full: it is awake already
             os.write(self.wake_w, b"\0")
-        except (BlockingIOError, OSError):
-            pass   # already awake (or going away with the process)
 
 
 _closer: Optional[_Closer] = None
@@ -100,10 +99,8 @@ def _forget_in_child() -> None:
     _start_lock = threading.Lock()   # another thread may have held it at the fork
     if _closer is not None:
         for fd in (_closer.wake_r, _closer.wake_w):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         _closer = None
 
 
