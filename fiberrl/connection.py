@@ -42,9 +42,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import secrets
 import time
-import weakref
 from multiprocessing import BufferTooShort
 from typing import Any, Deque, List, Optional, Tuple
 
@@ -53,7 +51,7 @@ from ._runtime import dropped
 from ._runtime.jobenv import this_pid
 from ._runtime.rpc import client_for
 from ._wire.buffers import receive_target, send_slice
-from ._wire.sockets import local_hostname
+from ._services.pipe_closing import PipeEndClosing, live_ends, process_id
 from ._services.pipe_inbox import OUTBOX_BROKE, Inbox, LocalOutbox, Outbox, pipe_ends
 from ._services.pipe_registry import CLOSE, pipe_registry
 from .connection_wait import wait
@@ -77,22 +75,11 @@ _TAKEN_AWAY = ("the pipe end was closed, or sent to another process, by another 
                "this one used it")
 
 
-_live: "weakref.WeakSet[Connection]" = weakref.WeakSet()
-_proc = {"pid": None, "id": None}
-
-
-def _process_id() -> str:
-    """A name for this process that no other process anywhere shares."""
-    if _proc["pid"] != os.getpid():
-        _proc["pid"], _proc["id"] = os.getpid(), f"{local_hostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-    return _proc["id"]
-
-
 def close_all() -> None:
     """Close every active connection of this process, and those dropped unclosed whose
     close is still queued (at job exit: peers see EOF)."""
     dropped.run_queued()
-    for conn in list(_live):
+    for conn in list(live_ends):
         try:
             conn.close()
         except Exception:
@@ -137,7 +124,7 @@ class _Retry:
         return True
 
 
-class Connection:
+class Connection(PipeEndClosing):
     """One end of a :func:`Pipe`: ``send``/``recv`` objects, ``send_bytes``/``recv_bytes``."""
 
     def __init__(self, pipe_id: str, end: int, registry: str, readable: bool = True,
@@ -169,7 +156,7 @@ class Connection:
         from ._runtime.jobenv import current_job_token, shipping_token
         # a copy never active here is still held here, as a descriptor would be: the
         # rendezvous counts it against a receiver that closes its copy unused
-        held_here = None if self._pid == this_pid() else (_process_id(), current_job_token())
+        held_here = None if self._pid == this_pid() else (process_id(), current_job_token())
         client_for(self._registry).cast("pipe", "ship", self._pipe_id, self._end,
                                         shipping_token(), held_here)
         if self._pid == this_pid():
@@ -189,7 +176,7 @@ class Connection:
         streams = pipe_ends()
         inbox = Inbox()
         streams.add(self._pipe_id, self._end, inbox)  # streams may arrive once registered
-        loc = {"address": streams.address, "proc": _process_id()}
+        loc = {"address": streams.address, "proc": process_id()}
         try:
             (kinds, counts, peer), body = client_for(self._registry).call(
                 "pipe", "register", self._pipe_id, self._end, loc, loc["proc"],
@@ -206,12 +193,12 @@ class Connection:
             position += count
         if peer is not None:
             self._connect(peer)
-        _live.add(self)
+        live_ends.add(self)
 
     def _open_outbox(self, loc: dict) -> Any:
         """A sender to the peer end at ``loc``; ``OSError`` if it is not there."""
         peer_end = 1 - self._end
-        if loc["proc"] == _process_id():
+        if loc["proc"] == process_id():
             inbox = pipe_ends().inbox(self._pipe_id, peer_end)
             if inbox is None:
                 raise ConnectionRefusedError("the other end is no longer active in this process")
@@ -539,117 +526,11 @@ class Connection:
         view[offset:offset + size] = data
         return size
 
-    # -- closing ---------------------------------------------------------------------
-    def close(self) -> None:
-        """Close this copy; when it is the last copy, the other end gets ``EOFError``."""
-        if self._closed:
-            return
-        try:
-            if self._pid == this_pid() or self._dormant_pid == os.getpid():
-                self._release(unused=not self._used)
-            elif not self._shipped:
-                self._close_unused()
-            else:
-                self._unship()
-        except Exception:
-            logger.debug("could not tell the peer of %r that it closed", self, exc_info=True)
-        finally:
-            self._closed = True
-            if self._pid == this_pid():
-                self._disconnect()
-                self._close_inbox()
-            _live.discard(self)
-            self._pending.clear()
-
-    def _close_inbox(self) -> None:
-        if self._inbox is not None:
-            pipe_ends().remove(self._pipe_id, self._end, self._inbox)
-            self._inbox.close()
-            self._inbox = None
-
-    def _hand_over(self) -> None:
-        """This copy is being sent to another process: give up being the active copy
-        here (unread messages go back to the rendezvous), so the copy that arrives
-        there receives what is sent from now on. A peer end in this same process
-        is told at once; peers elsewhere notice when their stream to it ends."""
-        self._release(keep=True)
-        self._disconnect()
-        self._close_inbox()
-        self._pid, self._dormant_pid = None, os.getpid()
-        self._pending.clear()
-        for other in list(_live):
-            if (other._pipe_id == self._pipe_id and other._end != self._end
-                    and other._pid == os.getpid()):
-                other._disconnect()
-
-    def _release(self, keep: bool = False, unused: bool = False) -> None:
-        """Hand unread messages back to the rendezvous; the last copy sends EOF.
-
-        With ``keep`` this process still holds the end (it was handed on): no EOF.
-        With ``unused`` (nothing was sent or received through this copy), copies still
-        held unused by the processes that sent it on count too: closing an end a job
-        was given only so that it could close it ends nothing while its sender holds it.
-        """
-        if self._pid == this_pid():
-            # senders go to the rendezvous from now on (a copy that closes waits for no
-            # TCP sender: what it hands back is read only if another copy is used)
-            self._inbox.stop_receiving(self._pending, flush_tcp=keep)
-        unread = list(self._pending)
-        (remaining,), _ = client_for(self._registry).call(
-            "pipe", "release", self._pipe_id, self._end, _process_id(),
-            [kind for kind, _ in unread], [len(body) for _, body in unread],
-            keep, unused, body=[frame for _, body in unread for frame in body], timeout=10.0)
-        if not keep and remaining == 0 and not self._eof:
-            if self._pid == this_pid():
-                self._send_frames(_CLOSE, [])
-            else:
-                self._close_unused()
-
-    def _unship(self) -> None:
-        """Closing a copy that was sent on and never used here: the peer gets EOF if a
-        receiver closed its copy unused while this one was still held."""
-        (owed,), _ = client_for(self._registry).call(
-            "pipe", "unship", self._pipe_id, self._end, _process_id(), timeout=10.0)
-        if owed:
-            self._close_unused()
-
-    def _close_unused(self) -> None:
-        """Closing a copy never used nor sent anywhere: the peer gets EOF."""
-        client = client_for(self._registry)
-        (answer, loc), _ = client.call("pipe", "mail", self._pipe_id, 1 - self._end, _CLOSE,
-                                       timeout=10.0)
-        if answer == "peer":
-            outbox = self._open_outbox(loc)
-            try:
-                outbox.send(_CLOSE, [])
-            finally:
-                outbox.close()
-
     def __enter__(self) -> "Connection":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-    def __del__(self) -> None:
-        # Dropped without close(): closed as a stdlib connection's descriptor is when it
-        # is collected (the peer sees EOF once no copy is left), by the closer thread, as
-        # a close talks to the rendezvous (fiberrl._runtime.dropped says why). A copy a
-        # fork child inherited is not the child's to close.
-        if getattr(self, "_closed", True) or self._owner_pid != os.getpid():
-            return
-        heir = object.__new__(Connection)
-        heir.__dict__.update(self.__dict__)
-        self._closed = True
-        if dropped.close_later(heir.close):
-            return
-        heir._closed = True
-        if heir._pid == this_pid():
-            try:
-                heir._disconnect()
-                heir._close_inbox()
-            except Exception:
-                pass
 
 
 def _rebuild(pipe_id: str, end: int, registry: str, readable: bool, writable: bool) -> Connection:

@@ -73,7 +73,7 @@ def test_messages_sent_while_a_receiving_end_moves_to_another_process_are_not_lo
     # to the rendezvous. Messages its sender wrote into the old stream after that (and
     # before the stream closed) were lost: 50-280 of 3,000 in 3 of 20 runs. Here the
     # sender writes exactly then.
-    from fiberrl import connection as connection_module
+    from fiberrl._services import pipe_closing   # where a copy releases its end
 
     reader, writer = fiberrl.Pipe(duplex=False)
     go, done = str(tmp_path / "go"), str(tmp_path / "done")
@@ -81,7 +81,7 @@ def test_messages_sent_while_a_receiving_end_moves_to_another_process_are_not_lo
     sender.start()
     writer.close()
     assert reader.recv() == "early"   # read here: its stream is attached here
-    real_client_for = connection_module.client_for
+    real_client_for = pipe_closing.client_for
 
     class _SenderWritesBeforeTheRelease:
         def __init__(self, client):
@@ -98,12 +98,12 @@ def test_messages_sent_while_a_receiving_end_moves_to_another_process_are_not_lo
         def __getattr__(self, name):
             return getattr(self._client, name)
 
-    monkeypatch.setattr(connection_module, "client_for",
+    monkeypatch.setattr(pipe_closing, "client_for",
                         lambda address: _SenderWritesBeforeTheRelease(real_client_for(address)))
     out_r, out_w = fiberrl.Pipe(duplex=False)
     taker = fiberrl.Process(target=_receive_until_none, args=(reader, out_w))
     taker.start()
-    monkeypatch.setattr(connection_module, "client_for", real_client_for)
+    monkeypatch.setattr(pipe_closing, "client_for", real_client_for)
     reader.close()
     out_w.close()
     try:
