@@ -47,7 +47,7 @@ from multiprocessing import BufferTooShort
 from typing import Any, Deque, List, Optional, Tuple
 
 from . import reduction
-from ._runtime import dropped
+from ._runtime import dropped, jobenv
 from ._runtime.jobenv import this_pid
 from ._runtime.rpc import client_for
 from ._wire.buffers import receive_target, send_slice
@@ -349,7 +349,7 @@ class Connection(PipeEndClosing):
         writable); False when the general path must do it."""
         self._used = True
         outbox = self._outbox
-        if (outbox is None or self._peer_gone or self._pid != this_pid()
+        if (outbox is None or self._peer_gone or self._pid != jobenv.pid
                 or len(payload) >= _QUICK_BYTES):
             return False
         try:
@@ -477,7 +477,7 @@ class Connection(PipeEndClosing):
         connected and the message is of ``kind`` (the usual case); None when the
         general path must decide (nothing within 1 s, end of file, a broken stream)."""
         self._used = True
-        if (self._pid != this_pid() or not self._readable or self._closed or self._suspect
+        if (self._pid != jobenv.pid or not self._readable or self._closed or self._suspect
                 or self._eof or self._peer_loc is None):
             return None
         pending = self._pending

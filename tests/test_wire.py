@@ -3,6 +3,7 @@ writable, both ways; a wrong key is refused; a forged message ends the stream un
 a label nobody serves is "not here"."""
 import queue
 import select
+import struct
 import socket
 import threading
 import time
@@ -12,8 +13,8 @@ import pytest
 
 from fiberrl._runtime.runtime import runtime
 from fiberrl._wire import spin
-from fiberrl._wire.auth import Signer
-from fiberrl._wire.framing import encode
+from fiberrl._wire.auth import Signer, Verifier
+from fiberrl._wire.framing import ONE_HEAD_FORMAT, FrameReader, encode, write_signed
 from fiberrl._wire.stream import Channel, NotHereError, open_stream
 from fiberrl.errors import AuthenticationError
 
@@ -189,3 +190,40 @@ def test_an_accept_that_races_the_listeners_close_says_nothing(caplog):
     with caplog.at_level(logging.WARNING, logger="fiberrl._runtime.acceptor"):
         acceptor._accept(listener)   # what the loop runs for an event it already had
     assert caplog.records == []
+
+
+ONE_HEAD = struct.Struct(ONE_HEAD_FORMAT)
+
+
+def test_a_signed_one_frame_message_is_finished_when_the_socket_takes_only_part():
+    """``write_signed`` (a pipe's small message): one ``send`` usually takes it whole; when
+    the socket's buffer is nearly full it writes the rest once the reader makes room,
+    and the message arrives whole and verified."""
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    key = b"k" * 32
+    frame = bytes(range(256)) * 200   # 50 KiB, more than the send buffer
+    filler = b"f" * 4000
+    ours.send(filler)   # part of the buffer is taken already
+    reader = FrameReader(theirs, Verifier(key))
+    theirs.setblocking(False)
+    got, received = [], bytearray()
+
+    def read_later():
+        time.sleep(0.2)   # the writer has met a full buffer by now
+        while len(received) < len(filler):
+            select.select([theirs], [], [], 10)
+            received.extend(theirs.recv(len(filler) - len(received)))
+        while not got:
+            assert select.select([theirs], [], [], 10)[0], "the message did not arrive"
+            got.extend(reader.read())
+
+    thread = threading.Thread(target=read_later)
+    thread.start()
+    write_signed(ours, Signer(key), ONE_HEAD.pack(b"s", 1, len(frame)) + frame)
+    thread.join(20)
+    assert not thread.is_alive()
+    assert got == [(b"s", [frame])]
+    ours.close()
+    theirs.close()

@@ -26,12 +26,15 @@ STARTED_ENV = "FIBERRL_STARTED_FD"
 OUTPUT_FILE_ENV = "FIBERRL_OUTPUT_FILE"
 
 _current_token: Optional[str] = None
-_pid = os.getpid()
+#: this process's id, kept right across ``os.fork``: ``os.getpid()`` without its system
+#: call, read as ``jobenv.pid`` where a function call would cost too much (a pipe end
+#: checking, on every message, that it is active in this process)
+pid = os.getpid()
 
 
 def _forked() -> None:
-    global _pid
-    _pid = os.getpid()
+    global pid
+    pid = os.getpid()
 
 
 os.register_at_fork(after_in_child=_forked)
@@ -40,7 +43,7 @@ os.register_at_fork(after_in_child=_forked)
 def this_pid() -> int:
     """``os.getpid()`` without its system call (kept right across ``os.fork``): hot
     paths (a pipe end checking it is active here on every message) ask it often."""
-    return _pid
+    return pid
 
 
 _start_method = {"name": "spawn"}

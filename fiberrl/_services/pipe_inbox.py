@@ -45,7 +45,7 @@ from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 from .._runtime.runtime import Runtime, existing_service, service
 from .._wire.auth import Verifier
-from .._wire.framing import SMALL, FrameReader, Message, encode_one, write_all
+from .._wire.framing import ONE_HEAD_FORMAT, SMALL, FrameReader, Message, write_signed
 from .._wire.sockets import Address
 from .._wire.spin import SpinGate, spin_budget, spin_for
 from .._wire.stream import Stream, open_stream
@@ -58,6 +58,8 @@ logger = logging.getLogger(__name__)
 _STAMP = struct.Struct("!QB")   # send time (ns, _clock_ns), 1 if the message had no frames
 _SMALL_STAMPED = SMALL - _STAMP.size
 _STAMP_BYTES = _STAMP.size
+#: a one-frame message's head with the stamp that starts its frame: packed in one step
+_STAMPED_HEAD = struct.Struct(ONE_HEAD_FORMAT + _STAMP.format.lstrip("!"))
 _EMPTY_FLAG = _STAMP.size - 1   # the offset of the stamp's "no frames" byte
 #: the send-time clock: the wall clock (CLOCK_REALTIME), the one clock that hosts keep
 #: in step; a sender whose clock is off anyway is read no later than it arrived (_read)
@@ -465,9 +467,9 @@ class Outbox(Stream):
         path, in one step: one piece, signed under the lock, one system call)."""
         if self._look_before_send and self.peer_hung_up():
             raise ConnectionResetError("the other end's stream ended")
+        head = _STAMPED_HEAD.pack(kind, 1, _STAMP_BYTES + len(payload), _clock_ns(), 0)
         with self._send_lock:   # signed in the order written
-            write_all(self.sock, [encode_one(self._signer, kind,
-                                             _STAMP.pack(_clock_ns(), 0) + payload)])
+            write_signed(self.sock, self._signer, head + payload)
 
     def hung_up(self) -> bool:
         """True once the inbox closed its end (over TCP, one ``poll`` of no time; on

@@ -33,7 +33,9 @@ Message = Tuple[bytes, List[Any]]   # (kind, frames)
 
 _HEAD = struct.Struct("!cI")
 _LEN = struct.Struct("!Q")
-_HEAD_ONE = struct.Struct("!cIQ")
+#: the head of a message of one frame: kind, frame count (1), the frame's length
+ONE_HEAD_FORMAT = "!cIQ"
+_HEAD_ONE = struct.Struct(ONE_HEAD_FORMAT)
 _HEAD_ONE_BYTES = _HEAD_ONE.size
 _unpack_head_one = _HEAD_ONE.unpack_from
 _MAX_FRAMES = 1 << 16
@@ -49,6 +51,19 @@ def encode_one(signer: Signer, kind: bytes, frame: bytes) -> bytes:
     message): one piece."""
     signed = _HEAD_ONE.pack(kind, 1, len(frame)) + frame
     return signed + signer.sign_one(signed)
+
+
+def write_signed(sock: socket.socket, signer: Signer, signed: bytes) -> None:
+    """Write a message of one frame whose head (packed as :data:`ONE_HEAD_FORMAT`) and
+    frame are ``signed``, its MAC appended: one system call unless the socket's buffer
+    is full (a pipe's small message, framed by its sender in one ``pack``)."""
+    message = signed + signer.sign_one(signed)
+    try:
+        sent = sock.send(message)
+    except (BlockingIOError, InterruptedError):
+        sent = 0
+    if sent != len(message):
+        write_all(sock, [memoryview(message)[sent:]])
 
 
 def encode(signer: Signer, kind: bytes, frames: Sequence[Any]) -> List[Any]:
