@@ -15,7 +15,7 @@ __all__ = ["ProcessError", "BufferTooShort", "TimeoutError", "AuthenticationErro
            "ConfigError", "BackendError", "JobFailedError", "TaskRetryError",
            "TaskDeserializationError", "PoolTerminatedError", "ManagerConnectionError",
            "OwnerGoneError", "ForgedMessageError", "SharedMemoryHostError", "NotHereError",
-           "ForkServerError", "UnlockedReleaseError", "ClientGone"]
+           "ForkServerError", "UnlockedReleaseError", "UnownedConditionError", "ClientGone"]
 
 
 class ConfigError(ValueError):
@@ -123,6 +123,12 @@ class ForkServerError(OSError):
 class UnlockedReleaseError(ValueError, RuntimeError):
     """Releasing a lock that is not locked: the ``ValueError`` of ``multiprocessing.Lock``
     and the ``RuntimeError`` of ``threading.Lock`` (and so of manager locks) at once."""
+
+
+class UnownedConditionError(AssertionError, RuntimeError):
+    """Waiting on or notifying a condition whose lock the caller does not hold: the
+    ``AssertionError`` of ``multiprocessing.Condition`` and the ``RuntimeError`` of
+    ``threading.Condition`` (and so of manager conditions) at once."""
 
 
 class ClientGone(ConnectionAbortedError):

@@ -375,6 +375,11 @@ class SimpleQueue(Queue):
         """Remove and return an item, waiting for one."""
         return super().get(True, None)
 
+    def get_nowait(self) -> Any:
+        """An item if one is there, else ``queue.Empty`` (as ``queue.SimpleQueue``'s;
+        the stdlib's multiprocessing SimpleQueue has no such method)."""
+        return super().get(False)
+
     @property
     def reader(self) -> QueueReader:
         """The read end, ``recv()`` being ``get()`` (Uber Fiber's name for it)."""

@@ -131,6 +131,23 @@ def test_simple_queue():
     assert not q.empty() and q.get() == "a"
 
 
+def test_simple_queue_get_nowait_takes_an_item_or_raises_empty():
+    """The stdlib's SimpleQueue has no ``get_nowait``; fiberrl's inherits one from
+    Queue, so it works as ``queue.SimpleQueue``'s does instead of failing on the call."""
+    q = fiberrl.SimpleQueue()
+    with pytest.raises(pyqueue.Empty):
+        q.get_nowait()
+    q.put("a")
+    deadline = time.monotonic() + 10
+    while True:   # a put reaches the queue's server shortly after it returns
+        try:
+            assert q.get_nowait() == "a"
+            break
+        except pyqueue.Empty:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+
 def test_simple_queue_closed_ends_as_cpython_tests_them():
     """CPython's TestSimpleQueue.test_closed reads the private ends after close()."""
     queue = fiberrl.SimpleQueue()

@@ -34,7 +34,7 @@ import time
 import weakref
 from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
-from ..errors import ClientGone, UnlockedReleaseError
+from ..errors import ClientGone, UnlockedReleaseError, UnownedConditionError
 from . import serving as managers
 
 logger = logging.getLogger(__name__)
@@ -443,7 +443,7 @@ class Condition(_Acquirable):
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Release the lock, wait for a notification (or the timeout), re-acquire it."""
         if not self._lock._is_owned():
-            raise RuntimeError("cannot wait on un-acquired lock")
+            raise UnownedConditionError("must acquire() condition before using wait()")
         waiter = [False]
         with self._state:
             self._waiters.append(waiter)
@@ -488,7 +488,7 @@ class Condition(_Acquirable):
     def notify(self, n: int = 1) -> None:
         """Wake up to ``n`` waiters (the caller must hold the lock)."""
         if not self._lock._is_owned():
-            raise RuntimeError("cannot notify on un-acquired lock")
+            raise UnownedConditionError("cannot notify on un-acquired lock")
         with self._state:
             self._notify_locked(n)
 
