@@ -15,7 +15,7 @@ __all__ = ["ProcessError", "BufferTooShort", "TimeoutError", "AuthenticationErro
            "ConfigError", "BackendError", "JobFailedError", "TaskRetryError",
            "TaskDeserializationError", "PoolTerminatedError", "ManagerConnectionError",
            "OwnerGoneError", "ForgedMessageError", "SharedMemoryHostError", "NotHereError",
-           "ForkServerError", "UnlockedReleaseError", "UnownedConditionError", "ClientGone"]
+           "ForkServerError", "UnlockedReleaseError", "NotOwnerError", "ClientGone"]
 
 
 class ConfigError(ValueError):
@@ -125,10 +125,11 @@ class UnlockedReleaseError(ValueError, RuntimeError):
     and the ``RuntimeError`` of ``threading.Lock`` (and so of manager locks) at once."""
 
 
-class UnownedConditionError(AssertionError, RuntimeError):
-    """Waiting on or notifying a condition whose lock the caller does not hold: the
-    ``AssertionError`` of ``multiprocessing.Condition`` and the ``RuntimeError`` of
-    ``threading.Condition`` (and so of manager conditions) at once."""
+class NotOwnerError(AssertionError, RuntimeError):
+    """Releasing a recursive lock, or waiting on or notifying a condition, that the
+    caller does not hold: the ``AssertionError`` of ``multiprocessing.RLock`` and
+    ``Condition`` and the ``RuntimeError`` of ``threading``'s (and so of a manager's)
+    at once."""
 
 
 class ClientGone(ConnectionAbortedError):

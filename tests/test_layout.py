@@ -126,7 +126,7 @@ def test_every_error_a_user_can_see_is_importable_from_fiberrl():
     from a stdlib type users already catch."""
     import fiberrl
     import fiberrl.errors as errors
-    internal = {"NotHereError", "ForkServerError", "UnlockedReleaseError", "UnownedConditionError",
+    internal = {"NotHereError", "ForkServerError", "UnlockedReleaseError", "NotOwnerError",
                 "ClientGone"}
     for name in errors.__all__:
         cls = getattr(errors, name)

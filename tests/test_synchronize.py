@@ -444,21 +444,25 @@ def test_a_lock_the_owner_releases_goes_to_the_waiting_process_first(kind):
 
 
 @pytest.mark.parametrize("where", ["direct", "manager"])
-def test_a_condition_used_without_its_lock_raises_what_the_stdlib_and_threading_raise(where):
-    """``multiprocessing.Condition`` asserts that its lock is held (``AssertionError``);
-    ``threading.Condition``, and so a manager's condition, raises ``RuntimeError``. A
-    fiberrl condition raises one error that is both, from its owner or a manager."""
+def test_an_rlock_or_condition_used_without_its_lock_raises_what_the_stdlib_and_threading_raise(
+        where):
+    """``multiprocessing.RLock`` and ``Condition`` assert that the caller holds the lock
+    (``AssertionError``); ``threading``'s, and so a manager's, raise ``RuntimeError``.
+    fiberrl raises one error that is both, from the owner or from a manager."""
     if where == "direct":
-        condition = fiberrl.Condition()
+        rlock, condition = fiberrl.RLock(), fiberrl.Condition()
     else:
         manager = fiberrl.Manager()
-        condition = manager.Condition()
-    for call in (lambda: condition.wait(0.1), condition.notify, condition.notify_all):
+        rlock, condition = manager.RLock(), manager.Condition()
+    for call in (rlock.release, lambda: condition.wait(0.1), condition.notify,
+                 condition.notify_all):
         with pytest.raises(AssertionError) as raised:
             call()
         assert isinstance(raised.value, RuntimeError)
-    with condition:   # the lock is still usable after the refusals
+    with condition:   # the locks are still usable after the refusals
         assert condition.wait(0.01) is False
         condition.notify()
+    with rlock:
+        pass
     if where == "manager":
         manager.shutdown()

@@ -34,7 +34,7 @@ import time
 import weakref
 from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
-from ..errors import ClientGone, UnlockedReleaseError, UnownedConditionError
+from ..errors import ClientGone, UnlockedReleaseError, NotOwnerError
 from . import serving as managers
 
 logger = logging.getLogger(__name__)
@@ -259,10 +259,11 @@ class RLock(_HandingOver):
             return True
 
     def release(self) -> None:
-        """Release one level; ``AssertionError`` if the caller does not own it."""
+        """Release one level; :class:`NotOwnerError` (``AssertionError`` and
+        ``RuntimeError``) if the caller does not own it."""
         with self._state:
             if self._owner != _caller():
-                raise AssertionError("attempt to release recursive lock not owned by thread")
+                raise NotOwnerError("attempt to release recursive lock not owned by thread")
             self._count -= 1
             if self._count == 0:
                 self._unlock()
@@ -443,7 +444,7 @@ class Condition(_Acquirable):
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Release the lock, wait for a notification (or the timeout), re-acquire it."""
         if not self._lock._is_owned():
-            raise UnownedConditionError("must acquire() condition before using wait()")
+            raise NotOwnerError("must acquire() condition before using wait()")
         waiter = [False]
         with self._state:
             self._waiters.append(waiter)
@@ -488,7 +489,7 @@ class Condition(_Acquirable):
     def notify(self, n: int = 1) -> None:
         """Wake up to ``n`` waiters (the caller must hold the lock)."""
         if not self._lock._is_owned():
-            raise UnownedConditionError("cannot notify on un-acquired lock")
+            raise NotOwnerError("cannot notify on un-acquired lock")
         with self._state:
             self._notify_locked(n)
 
