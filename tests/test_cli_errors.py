@@ -41,6 +41,8 @@ BAD = [
     (["workflow", "timeline", "--input", "nosuch.jsonl", "--out", "out", "--gamma", "0.9"],
      "fiberrl workflow timeline: error:"),
     (["workflow", "train", "--config", "nosuch.toml"], "fiberrl workflow train: error:"),
+    (["workflow"], "fiberrl workflow: error: the following arguments are required: STEP"),
+    (["cpe"], "fiberrl cpe: error: the following arguments are required: COMMAND"),
     (["cpe", "evaluate", "nosuch.jsonl"], "fiberrl cpe evaluate: error: nosuch.jsonl: no such"),
     (["cpe", "evaluate", "log.txt"], "fiberrl cpe evaluate: error: log.txt: cannot tell the "
                                      "format from suffix '.txt'; use one of"),

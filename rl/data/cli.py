@@ -141,7 +141,7 @@ def register_workflow(subparsers) -> argparse.ArgumentParser:
     workflow = subparsers.add_parser("workflow", help="Horizon-style data pipeline: logged data "
                                      "-> transitions -> normalization spec")
     steps = workflow.add_subparsers(dest="workflow_command", metavar="STEP")
-    workflow.set_defaults(func=lambda args: (workflow.print_help(), 2)[1])
+    steps.required = True   # without one: a one-line usage error, exit status 2
 
     gen = steps.add_parser("generate", help="write logged rows of an env under epsilon-greedy")
     gen.add_argument("--env", required=True, help="gymnasium id, e.g. rl/Gridworld-v0, CartPole-v1")
