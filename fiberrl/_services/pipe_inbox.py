@@ -467,8 +467,8 @@ class Outbox(Stream):
         path, in one step: one piece, signed under the lock, one system call)."""
         if self._look_before_send and self.peer_hung_up():
             raise ConnectionResetError("the other end's stream ended")
-        head = _STAMPED_HEAD.pack(kind, 1, _STAMP_BYTES + len(payload), _clock_ns(), 0)
-        with self._send_lock:   # signed in the order written
+        with self._send_lock:   # stamped and signed in the order written
+            head = _STAMPED_HEAD.pack(kind, 1, _STAMP_BYTES + len(payload), _clock_ns(), 0)
             write_signed(self.sock, self._signer, head + payload)
 
     def hung_up(self) -> bool:
