@@ -6,6 +6,7 @@ import concurrent.futures
 import gc
 import multiprocessing
 import os
+import queue
 import subprocess
 import sys
 import time
@@ -160,6 +161,18 @@ class ListManager(AsyncManager):
 
 
 ListManager.register("List", list, fiberrl.managers.ListProxy)
+ListManager.register("Queue", queue.Queue)
+
+
+def test_a_blocking_call_is_not_held_up_by_an_asynchronous_one_that_waits():
+    """``.sync`` has its own connection: a ``put`` through it reaches the queue while an
+    asynchronous ``get`` on the same proxy waits for an item (docs/managers.md)."""
+    with ListManager() as manager:
+        items = manager.Queue()
+        waiting = items.get()
+        assert not waiting.ready()
+        items.sync.put("item")
+        assert waiting.get(timeout=30) == "item"
 
 
 def test_exposed_dunders_and_subscripts_are_forwarded_as_fibers_async_proxies_were(caplog):
@@ -171,7 +184,7 @@ def test_exposed_dunders_and_subscripts_are_forwarded_as_fibers_async_proxies_we
         assert items.__contains__(30).get(timeout=30) is True
         items[0] = 11                       # calls on one proxy run in order
         del items[2]
-        assert items.sync[:] == [11, 20]
+        assert items[:].get(timeout=30) == [11, 20]
         with pytest.raises(IndexError):
             items[7].get(timeout=30)
         items[9] = 1                        # no handle to raise from: logged
