@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Mapping, Optional
 
 from .errors import ConfigError
+from .log import level_name
 
 logger = logging.getLogger(__name__)
 
@@ -210,6 +211,10 @@ def _check_ranges(config: "Config") -> None:
         raise ConfigError(f"fiberrl config key 'cpu' must be positive, got {config.cpu!r}")
     if not config.backend:
         raise ConfigError("fiberrl config key 'backend' may not be empty")
+    try:   # (a job's logging set-up would fail on it, in every job)
+        level_name(config.log_level)
+    except ValueError as exc:
+        raise ConfigError(f"fiberrl config key 'log_level': {exc}") from None
 
 
 def resolve(**overrides: Any) -> Config:

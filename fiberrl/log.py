@@ -3,8 +3,19 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 _FORMAT = "%(asctime)s %(levelname)s [{job} pid %(process)d] %(name)s: %(message)s"
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def level_name(level: Any) -> str:
+    """The ``logging`` level name of ``level`` (a name in any case, or a standard level's
+    number); ``ValueError`` naming the levels when ``logging`` knows no such level."""
+    name = logging.getLevelName(level) if isinstance(level, int) else str(level).strip().upper()
+    if not isinstance(logging.getLevelName(name), int):
+        raise ValueError(f"unknown log level {level!r}; one of {', '.join(_LEVELS)}")
+    return name
 
 
 def configure_worker(level: str, job_name: str) -> None:

@@ -42,6 +42,7 @@ BAD = [
      "fiberrl workflow timeline: error:"),
     (["workflow", "train", "--config", "nosuch.toml"], "fiberrl workflow train: error:"),
     (["workflow"], "fiberrl workflow: error: the following arguments are required: STEP"),
+    (["--log-level", "bogus", "backends"], "fiberrl: error: --log-level: unknown log level"),
     (["cpe"], "fiberrl cpe: error: the following arguments are required: COMMAND"),
     (["cpe", "evaluate", "nosuch.jsonl"], "fiberrl cpe evaluate: error: nosuch.jsonl: no such"),
     (["cpe", "evaluate", "log.txt"], "fiberrl cpe evaluate: error: log.txt: cannot tell the "
@@ -71,6 +72,13 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, args, message):
     assert len(lines) == 1 and lines[0].startswith(message), done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+
+
+def test_an_unknown_log_level_in_the_environment_is_one_line_and_status_2(tmp_path):
+    done = _run(["backends"], tmp_path, env={"FIBERRL_LOG_LEVEL": "bogus"})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("fiberrl: error: FIBERRL_LOG_LEVEL: unknown log level 'bogus'")
+    assert len(done.stderr.splitlines()) == 1
 
 
 def test_debug_shows_the_traceback(tmp_path):

@@ -57,6 +57,17 @@ def test_bad_values_are_clear(monkeypatch):
         config.resolve()
 
 
+def test_an_unknown_log_level_is_refused_where_it_is_set(monkeypatch):
+    """Before, a job's logging set-up raised on it, so every worker died with a
+    traceback; now the process that reads the setting says which value is wrong."""
+    monkeypatch.setenv("FIBERRL_LOG_LEVEL", "bogus")
+    with pytest.raises(ConfigError, match="log_level.*'bogus'.*DEBUG"):
+        config.resolve()
+    for good in ("debug", "Warning", "WARN", "CRITICAL"):
+        monkeypatch.setenv("FIBERRL_LOG_LEVEL", good)
+        assert config.resolve().log_level == good
+
+
 def test_children_inherit_the_resolved_config(monkeypatch):
     parent = config.resolve(backend="local", cpu=4)
     monkeypatch.setenv(config.INHERITED_ENV, parent.to_json())
@@ -107,7 +118,7 @@ def test_init_updates_the_settings_instead_of_replacing_them(restore_config):
 
 @pytest.mark.parametrize("bad", [{"backend": "nosuch"}, {"start_timeout": -1},
                                  {"heartbeat_interval": 0}, {"parent_grace": -0.5},
-                                 {"cpu": 0}, {"max_task_retries": -1}])
+                                 {"cpu": 0}, {"max_task_retries": -1}, {"log_level": "verbose"}])
 def test_bad_settings_are_refused_at_init_and_change_nothing(restore_config, bad):
     import fiberrl
     fiberrl.init(cpu=3)

@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``fiberrl`` command."""
+    from ..log import level_name
     from .support import INTERRUPTED_STATUS, run_command
     try:  # the subcommands' imports (torch, numpy) take a while: Ctrl-C may come here
         parser = build_parser()
@@ -70,7 +71,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.write("fiberrl: interrupted\n")
         return INTERRUPTED_STATUS
     args = parser.parse_args(argv)
-    level = (args.log_level or os.environ.get("FIBERRL_LOG_LEVEL") or "WARNING").upper()
+    source, level = (("--log-level", args.log_level) if args.log_level else
+                     ("FIBERRL_LOG_LEVEL", os.environ.get("FIBERRL_LOG_LEVEL") or "WARNING"))
+    try:
+        level = level_name(level)
+    except ValueError as exc:
+        parser.error(f"{source}: {exc}")
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     func = getattr(args, "func", None)
     if func is None:
