@@ -7,6 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
+import pytest
 
 import fiberrl
 
@@ -181,3 +182,17 @@ def test_secret_is_in_the_environment_not_the_command_line():
     secret = run_secret().hex()
     assert spec.env[SECRET_ENV] == secret
     assert all(secret not in part for part in spec.command)
+
+
+def test_a_secret_in_the_environment_that_is_not_hex_is_a_clear_config_error(monkeypatch):
+    """A job receives the run's secret in ``FIBERRL_SECRET`` as hex; a value that is not
+    (set by hand, or left from elsewhere) names the variable instead of failing each
+    job start with ``fromhex``'s message."""
+    from fiberrl._wire import auth
+    from fiberrl.errors import ConfigError
+    monkeypatch.setenv(auth.SECRET_ENV, "not hex")
+    monkeypatch.setattr(auth, "_secret", None)
+    with pytest.raises(ConfigError, match="FIBERRL_SECRET"):
+        auth.run_secret()
+    monkeypatch.setenv(auth.SECRET_ENV, "ab" * 32)
+    assert auth.run_secret() == bytes.fromhex("ab" * 32)

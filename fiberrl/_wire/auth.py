@@ -28,7 +28,7 @@ import struct
 import threading
 from typing import Any, Optional, Tuple
 
-from ..errors import ForgedMessageError
+from ..errors import ConfigError, ForgedMessageError
 
 SECRET_ENV = "FIBERRL_SECRET"
 NONCE_BYTES = 16
@@ -49,7 +49,11 @@ def run_secret() -> bytes:
         if _secret is None or _secret_pid != os.getpid():
             inherited = os.environ.get(SECRET_ENV)
             if inherited:
-                _secret = bytes.fromhex(inherited)
+                try:
+                    _secret = bytes.fromhex(inherited)
+                except ValueError:
+                    raise ConfigError(f"{SECRET_ENV} holds no secret fiberrl handed to a job "
+                                      "(hex digits expected); unset it") from None
             elif _secret is None:  # a fork keeps its parent's secret
                 from multiprocessing import process
                 _secret = bytes(process.current_process().authkey)
