@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import os
 import sys
 import types
@@ -31,6 +32,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from .errors import ConfigError
 from .log import level_name
+from .resources import parse_mem
 
 logger = logging.getLogger(__name__)
 
@@ -131,13 +133,18 @@ def _coerce(name: str, raw: Any) -> Any:
         if origin is dict or target is dict:
             return json.loads(raw) if isinstance(raw, str) else dict(raw)
         if target is bool:
-            return raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes")
+            return raw if isinstance(raw, bool) else _SWITCH[str(raw).strip().lower()]
         if target in (int, float, str):
             return target(raw)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, KeyError) as exc:
         raise ConfigError(f"fiberrl config key {name!r}: cannot read {raw!r} as "
                           f"{getattr(target, '__name__', target)}") from exc
     return raw
+
+
+#: how a switch may be spelled (an environment variable, a config file, ``init``)
+_SWITCH = {"1": True, "true": True, "yes": True, "on": True,
+           "0": False, "false": False, "no": False, "off": False}
 
 
 def _from_file() -> Dict[str, Any]:
@@ -199,6 +206,10 @@ _NOT_NEGATIVE = ("parent_grace", "spin_wait_us", "max_task_retries", "time_limit
 
 
 def _check_ranges(config: "Config") -> None:
+    for name in (*_POSITIVE, *_NOT_NEGATIVE, "cpu"):
+        value = getattr(config, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"fiberrl config key {name!r} must be a finite number, got {value!r}")
     for name in _POSITIVE:
         if not getattr(config, name) > 0:
             raise ConfigError(f"fiberrl config key {name!r} must be positive, "
@@ -211,10 +222,10 @@ def _check_ranges(config: "Config") -> None:
         raise ConfigError(f"fiberrl config key 'cpu' must be positive, got {config.cpu!r}")
     if not config.backend:
         raise ConfigError("fiberrl config key 'backend' may not be empty")
-    try:   # (a job's logging set-up would fail on it, in every job)
-        level_name(config.log_level)
+    try:   # (else every job's start would fail on it, far from where it was set)
+        parse_mem(config.mem)
     except ValueError as exc:
-        raise ConfigError(f"fiberrl config key 'log_level': {exc}") from None
+        raise ConfigError(f"fiberrl config key 'mem': {exc}") from None
 
 
 def resolve(**overrides: Any) -> Config:
@@ -225,6 +236,14 @@ def resolve(**overrides: Any) -> Config:
     if not inherited:
         values.update(_from_env())
     values.update(overrides)
+    if "log_level" in values:   # a name in any case, kept; or a number, held as its name
+        level = values["log_level"]
+        try:   # (a job's logging set-up would fail on anything else, in every job)
+            name = level_name(level)
+        except ValueError as exc:
+            raise ConfigError(f"fiberrl config key 'log_level': {exc}") from None
+        if not isinstance(level, str) or level.strip().isdigit():
+            values["log_level"] = name
     config = Config(**{k: _coerce(k, v) for k, v in values.items()})
     _check_ranges(config)
     object.__setattr__(config, "_explicit", frozenset(values))  # not a field

@@ -11,7 +11,10 @@ _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 def level_name(level: Any) -> str:
     """The ``logging`` level name of ``level`` (a name in any case, or a standard level's
-    number); ``ValueError`` naming the levels when ``logging`` knows no such level."""
+    number, as an int or digits); ``ValueError`` naming the levels when ``logging`` knows
+    no such level."""
+    if isinstance(level, str) and level.strip().isdigit():
+        level = int(level)
     name = logging.getLevelName(level) if isinstance(level, int) else str(level).strip().upper()
     if not isinstance(logging.getLevelName(name), int):
         raise ValueError(f"unknown log level {level!r}; one of {', '.join(_LEVELS)}")

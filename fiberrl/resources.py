@@ -16,17 +16,18 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def parse_mem(value: Union[None, int, float, str]) -> Optional[int]:
-    """``"512M"`` / ``"2G"`` / ``2048`` (bytes) -> bytes; ``None`` stays ``None``."""
+    """``"512M"`` / ``"2G"`` / ``"2Gi"`` / ``"2GiB"`` / ``2048`` (bytes) -> bytes (units are
+    powers of 1,024 however spelt); ``None`` stays ``None``."""
     if value is None:
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if value <= 0:
             raise ValueError(f"mem must be positive, got {value!r}")
         return int(value)
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(value), re.IGNORECASE)
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(?:([KMGT])i?)?B?\s*", str(value), re.IGNORECASE)
     if not match:
         raise ValueError(f"cannot read memory size {value!r}; use bytes or e.g. '512M', '2G'")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
 
 
 #: hints beyond cpu/mem/gpu that some backend understands (see each backend's docs);

@@ -1,5 +1,6 @@
 """Configuration precedence, validation, and the command line."""
 import json
+import logging
 import subprocess
 import sys
 
@@ -8,6 +9,7 @@ import pytest
 import fiberrl
 from fiberrl import config
 from fiberrl.errors import ConfigError
+from fiberrl.resources import parse_mem
 
 
 @pytest.fixture(autouse=True)
@@ -63,9 +65,30 @@ def test_an_unknown_log_level_is_refused_where_it_is_set(monkeypatch):
     monkeypatch.setenv("FIBERRL_LOG_LEVEL", "bogus")
     with pytest.raises(ConfigError, match="log_level.*'bogus'.*DEBUG"):
         config.resolve()
-    for good in ("debug", "Warning", "WARN", "CRITICAL"):
-        monkeypatch.setenv("FIBERRL_LOG_LEVEL", good)
-        assert config.resolve().log_level == good
+    for given, name in (("debug", "debug"), ("Warning", "Warning"), ("WARN", "WARN"),
+                        ("10", "DEBUG")):
+        monkeypatch.setenv("FIBERRL_LOG_LEVEL", given)
+        assert config.resolve().log_level == name
+    assert config.resolve(log_level=logging.INFO).log_level == "INFO"   # a number, as Fiber's
+
+
+def test_memory_sizes_read_the_usual_spellings_and_refuse_others():
+    """Checked when set (a bad one failed every job start before); Kubernetes' "2Gi"
+    reads as "2G" does."""
+    for given, size in (("512M", 512 << 20), ("2G", 2 << 30), ("2Gi", 2 << 30),
+                        ("2GiB", 2 << 30), ("1.5g", 3 << 29), ("4096", 4096), (4096, 4096)):
+        assert parse_mem(config.resolve(mem=given).mem) == size, given
+    for bad in ("lots", "-1", "2i", "2 GB of RAM"):
+        with pytest.raises(ConfigError, match="mem"):
+            config.resolve(mem=bad)
+
+
+def test_switches_read_the_usual_spellings_and_refuse_others():
+    for given, value in (("yes", True), ("On", True), ("1", True), (True, True),
+                         ("no", False), ("off", False), ("0", False), (False, False)):
+        assert config.resolve(forkserver=given).forkserver is value
+    with pytest.raises(ConfigError, match="forkserver.*'maybe'"):
+        config.resolve(forkserver="maybe")
 
 
 def test_children_inherit_the_resolved_config(monkeypatch):
@@ -118,7 +141,9 @@ def test_init_updates_the_settings_instead_of_replacing_them(restore_config):
 
 @pytest.mark.parametrize("bad", [{"backend": "nosuch"}, {"start_timeout": -1},
                                  {"heartbeat_interval": 0}, {"parent_grace": -0.5},
-                                 {"cpu": 0}, {"max_task_retries": -1}, {"log_level": "verbose"}])
+                                 {"cpu": 0}, {"max_task_retries": -1}, {"log_level": "verbose"},
+                                 {"mem": "lots"}, {"mem": -1}, {"forkserver": "maybe"},
+                                 {"spin_wait_us": float("nan")}, {"cpu": float("inf")}])
 def test_bad_settings_are_refused_at_init_and_change_nothing(restore_config, bad):
     import fiberrl
     fiberrl.init(cpu=3)
