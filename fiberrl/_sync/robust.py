@@ -34,7 +34,7 @@ import time
 import weakref
 from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
-from ..errors import ClientGone, UnlockedReleaseError, NotOwnerError
+from ..errors import ClientGone, NotOwnerError, UnlockedReleaseError
 from . import serving as managers
 
 logger = logging.getLogger(__name__)
