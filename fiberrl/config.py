@@ -118,6 +118,11 @@ def field_types() -> Dict[str, Any]:
     return typing.get_type_hints(Config)
 
 
+#: how a switch may be spelled (an environment variable, a config file, ``init``)
+_SWITCH = {"1": True, "true": True, "yes": True, "on": True,
+           "0": False, "false": False, "no": False, "off": False}
+
+
 def _coerce(name: str, raw: Any) -> Any:
     """Convert ``raw`` (often a string from the environment) to the field's type."""
     hint = field_types()[name]
@@ -140,11 +145,6 @@ def _coerce(name: str, raw: Any) -> Any:
         raise ConfigError(f"fiberrl config key {name!r}: cannot read {raw!r} as "
                           f"{getattr(target, '__name__', target)}") from exc
     return raw
-
-
-#: how a switch may be spelled (an environment variable, a config file, ``init``)
-_SWITCH = {"1": True, "true": True, "yes": True, "on": True,
-           "0": False, "false": False, "no": False, "off": False}
 
 
 def _from_file() -> Dict[str, Any]:

@@ -48,7 +48,6 @@ from typing import Any, Deque, List, Optional, Tuple
 
 from . import reduction
 from ._runtime import dropped, jobenv
-from ._runtime.jobenv import this_pid
 from ._runtime.rpc import client_for
 from ._wire.buffers import receive_target, send_slice
 from ._services.pipe_closing import PipeEndClosing, live_ends, process_id
@@ -156,21 +155,21 @@ class Connection(PipeEndClosing):
         from ._runtime.jobenv import current_job_token, shipping_token
         # a copy never active here is still held here, as a descriptor would be: the
         # rendezvous counts it against a receiver that closes its copy unused
-        held_here = None if self._pid == this_pid() else (process_id(), current_job_token())
+        held_here = None if self._pid == jobenv.pid else (process_id(), current_job_token())
         client_for(self._registry).cast("pipe", "ship", self._pipe_id, self._end,
                                         shipping_token(), held_here)
-        if self._pid == this_pid():
+        if self._pid == jobenv.pid:
             self._hand_over()
         return (_rebuild, (self._pipe_id, self._end, self._registry, self._readable,
                            self._writable))
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("active" if self._pid == this_pid() else "idle")
+        state = "closed" if self._closed else ("active" if self._pid == jobenv.pid else "idle")
         return f"<fiberrl.Connection pipe={self._pipe_id} end={self._end} {state}>"
 
     # -- activation ------------------------------------------------------------------
     def _activate(self, arrived: bool = False) -> None:
-        if self._pid == this_pid():
+        if self._pid == jobenv.pid:
             return
         from ._runtime.jobenv import current_job_token
         streams = pipe_ends()

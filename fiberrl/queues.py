@@ -33,7 +33,7 @@ import threading
 from typing import Any, List, Optional
 
 from . import reduction
-from ._runtime.jobenv import this_pid
+from ._runtime import jobenv
 from ._runtime.rpc import RpcClient, client_for
 from ._services.queue_broker import Broker, Waiter, owning_broker, queue_service
 from ._services.queue_feeder import Feeder, feeders
@@ -87,7 +87,7 @@ class Queue:
 
     def _broker(self) -> Optional[Broker]:
         """The broker when this process owns the queue, else None (then ``_client`` is set)."""
-        pid = this_pid()
+        pid = jobenv.pid
         if self._pid != pid:  # first use in this process
             broker = getattr(self, "_broker_ref", None)
             if broker is None or broker.reactor.pid != pid:
@@ -140,7 +140,7 @@ class Queue:
             self._on_queue_feeder_error(exc, obj)
             return
         feeder = self._feeder_obj
-        if (feeder is not None and feeder.pid == this_pid() and self._pid == feeder.pid
+        if (feeder is not None and feeder.pid == jobenv.pid and self._pid == feeder.pid
                 and self._maxsize == 0):
             feeder.put(frames)   # the usual case in a producer: this process's feeder
             return
@@ -179,7 +179,7 @@ class Queue:
     def get(self, block: bool = True, timeout: Optional[float] = None) -> Any:
         """Remove and return an item; raise ``queue.Empty`` if none came in time."""
         owner = self._owner
-        if owner is not None and self._pid == this_pid() and not self._closed:
+        if owner is not None and self._pid == jobenv.pid and not self._closed:
             with owner.lock:   # the usual case in the owner: an item is waiting
                 frames = owner.take()
             if frames is not None:

@@ -27,8 +27,9 @@ OUTPUT_FILE_ENV = "FIBERRL_OUTPUT_FILE"
 
 _current_token: Optional[str] = None
 #: this process's id, kept right across ``os.fork``: ``os.getpid()`` without its system
-#: call, read as ``jobenv.pid`` where a function call would cost too much (a pipe end
-#: checking, on every message, that it is active in this process)
+#: call, for hot paths (a pipe end checking, on every message, that it is active in this
+#: process). Read it as ``jobenv.pid``: a name imported from here would keep the value
+#: of the process that imported it.
 pid = os.getpid()
 
 
@@ -38,12 +39,6 @@ def _forked() -> None:
 
 
 os.register_at_fork(after_in_child=_forked)
-
-
-def this_pid() -> int:
-    """``os.getpid()`` without its system call (kept right across ``os.fork``): hot
-    paths (a pipe end checking it is active here on every message) ask it often."""
-    return pid
 
 
 _start_method = {"name": "spawn"}

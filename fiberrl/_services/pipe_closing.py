@@ -15,8 +15,7 @@ import secrets
 import weakref
 from typing import Any
 
-from .._runtime import dropped
-from .._runtime.jobenv import this_pid
+from .._runtime import dropped, jobenv
 from .._runtime.rpc import client_for
 from .._wire.sockets import local_hostname
 from .pipe_inbox import pipe_ends
@@ -44,7 +43,7 @@ class PipeEndClosing:
         if self._closed:
             return
         try:
-            if self._pid == this_pid() or self._dormant_pid == os.getpid():
+            if self._pid == jobenv.pid or self._dormant_pid == jobenv.pid:
                 self._release(unused=not self._used)
             elif not self._shipped:
                 self._close_unused()
@@ -54,7 +53,7 @@ class PipeEndClosing:
             logger.debug("could not tell the peer of %r that it closed", self, exc_info=True)
         finally:
             self._closed = True
-            if self._pid == this_pid():
+            if self._pid == jobenv.pid:
                 self._disconnect()
                 self._close_inbox()
             live_ends.discard(self)
@@ -74,11 +73,11 @@ class PipeEndClosing:
         self._release(keep=True)
         self._disconnect()
         self._close_inbox()
-        self._pid, self._dormant_pid = None, os.getpid()
+        self._pid, self._dormant_pid = None, jobenv.pid
         self._pending.clear()
         for other in list(live_ends):
             if (other._pipe_id == self._pipe_id and other._end != self._end
-                    and other._pid == os.getpid()):
+                    and other._pid == jobenv.pid):
                 other._disconnect()
 
     def _release(self, keep: bool = False, unused: bool = False) -> None:
@@ -89,7 +88,7 @@ class PipeEndClosing:
         held unused by the processes that sent it on count too: closing an end a job
         was given only so that it could close it ends nothing while its sender holds it.
         """
-        if self._pid == this_pid():
+        if self._pid == jobenv.pid:
             # senders go to the rendezvous from now on (a copy that closes waits for no
             # TCP sender: what it hands back is read only if another copy is used)
             self._inbox.stop_receiving(self._pending, flush_tcp=keep)
@@ -99,7 +98,7 @@ class PipeEndClosing:
             [kind for kind, _ in unread], [len(body) for _, body in unread],
             keep, unused, body=[frame for _, body in unread for frame in body], timeout=10.0)
         if not keep and remaining == 0 and not self._eof:
-            if self._pid == this_pid():
+            if self._pid == jobenv.pid:
                 self._send_frames(CLOSE, [])
             else:
                 self._close_unused()
@@ -137,7 +136,7 @@ class PipeEndClosing:
         if dropped.close_later(heir.close):
             return
         heir._closed = True
-        if heir._pid == this_pid():
+        if heir._pid == jobenv.pid:
             try:
                 heir._disconnect()
                 heir._close_inbox()
