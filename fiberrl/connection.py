@@ -70,6 +70,10 @@ _MOVE_SECONDS = 5.0   # how long a sender waits for a moving peer end to arrive
 #: how long a receiver waits for the close marker of a peer the rendezvous says closed
 #: cleanly (what the peer sent comes before it); a peer whose process died is not waited for
 _CLOSE_MARKER_GRACE = 2.0
+#: how long a receiver's look at its peer (a connect to where the rendezvous says it is)
+#: may block: a connect to an address that vanished with its container or host waits for
+#: ARP or SYN timeouts (seconds); a failed look is simply repeated a moment later
+_PROBE_SECONDS = 1.0
 _TAKEN_AWAY = ("the pipe end was closed, or sent to another process, by another thread while "
                "this one used it")
 
@@ -191,10 +195,10 @@ class Connection(PipeEndClosing):
             self._pending.append((kind, body[position:position + count]))
             position += count
         if peer is not None:
-            self._connect(peer)
+            self._connect(peer, _PROBE_SECONDS)
         live_ends.add(self)
 
-    def _open_outbox(self, loc: dict) -> Any:
+    def _open_outbox(self, loc: dict, timeout: Optional[float]) -> Any:
         """A sender to the peer end at ``loc``; ``OSError`` if it is not there."""
         peer_end = 1 - self._end
         if loc["proc"] == process_id():
@@ -202,16 +206,17 @@ class Connection(PipeEndClosing):
             if inbox is None:
                 raise ConnectionRefusedError("the other end is no longer active in this process")
             return LocalOutbox(inbox)
-        return Outbox.open(loc["address"], self._pipe_id, peer_end)
+        return Outbox.open(loc["address"], self._pipe_id, peer_end, timeout)
 
-    def _connect(self, loc: dict) -> bool:
-        """Open a stream to the peer end at ``loc``; False (and suspicious) on failure."""
+    def _connect(self, loc: dict, timeout: Optional[float] = None) -> bool:
+        """Open a stream to the peer end at ``loc`` (waiting up to ``timeout`` s, None:
+        :attr:`Outbox.SETUP_SECONDS`); False (and suspicious) on failure."""
         if self._closed:
             raise OSError(_TAKEN_AWAY)
         self._disconnect()
         self._peer_loc = loc
         try:
-            outbox = self._open_outbox(loc)
+            outbox = self._open_outbox(loc, timeout)
         except OSError as exc:
             logger.debug("pipe %s: cannot reach the other end at %s: %s", self._pipe_id, loc, exc)
             self._suspect = True
@@ -239,7 +244,7 @@ class Connection(PipeEndClosing):
             "pipe", "lookup", self._pipe_id, 1 - self._end)
         if loc is not None:
             if loc != self._peer_loc or self._outbox is None:
-                self._connect(loc)
+                self._connect(loc, _PROBE_SECONDS)
             else:
                 self._suspect = False  # still where our live stream leads
         elif holders == 0 and (self._suspect or lost or closed):

@@ -77,7 +77,9 @@ def test_eof_when_the_peer_process_is_killed():
     started = time.monotonic()
     with pytest.raises(EOFError):
         a.recv()
-    assert time.monotonic() - started < 10
+    # a container's address vanishes with it: a connect there waits out ARP (3 s or
+    # more) before it fails, so the end must learn of the death without one
+    assert time.monotonic() - started < 3
     proc.join(10)
 
 

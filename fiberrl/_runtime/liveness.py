@@ -139,6 +139,15 @@ class JobWatch:
         entry = self.jobs.get(token)
         return (entry is not None and entry.ended) or token in self._recently_ended
 
+    def cut_off(self, token: Optional[str]) -> bool:
+        """Whether the job of ``token``, not known to have ended, held a watch stream to
+        this process and holds none now: it has just died, its host is gone, or it is
+        opening a new stream. Whoever would probe its address had better wait for the
+        verdict (:meth:`ended`), which comes within ``lost_after`` seconds at most."""
+        entry = self.jobs.get(token) if token else None
+        return (entry is not None and not entry.ended and entry.link is None
+                and entry.last_heard is not None)
+
     def silence(self, token: str) -> Optional[float]:
         """Seconds since the job's last heartbeat (None before the first)."""
         entry = self.jobs.get(token)

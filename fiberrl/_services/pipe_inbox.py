@@ -441,6 +441,9 @@ class Outbox(Stream):
     """The sending side of a stream to another process's inbox for one pipe end: every
     message is stamped with its send time."""
 
+    #: how long :meth:`open` waits for the connection by default
+    SETUP_SECONDS = 10.0
+
     def __init__(self, sock: socket.socket, send_key: bytes, recv_key: bytes) -> None:
         super().__init__(sock, send_key, recv_key)
         # On a Unix socket a write to a closed peer fails at once (EPIPE), so only TCP,
@@ -448,10 +451,12 @@ class Outbox(Stream):
         self._look_before_send = sock.family != socket.AF_UNIX
 
     @classmethod
-    def open(cls, address: Address, pipe_id: str, end: int, timeout: float = 10.0) -> "Outbox":
+    def open(cls, address: Address, pipe_id: str, end: int,
+             timeout: Optional[float] = None) -> "Outbox":
         """Connect to the inbox of ``(pipe_id, end)`` in the process at ``address``;
         ``OSError`` (``ConnectionRefusedError`` when the end is not active there)."""
-        return open_stream(tuple(address), f"pipe:{pipe_id}:{end}", timeout=timeout,
+        return open_stream(tuple(address), f"pipe:{pipe_id}:{end}",
+                           timeout=cls.SETUP_SECONDS if timeout is None else timeout,
                            stream_class=cls)
 
     def send(self, kind: bytes, frames: Sequence[Any] = ()) -> None:

@@ -68,10 +68,15 @@ class _End:
         return len(self.holders) + max(self.in_transit, 0)
 
     def location(self) -> Optional[dict]:
+        holder = self.active_holder()
+        return None if holder is None else holder["loc"]
+
+    def active_holder(self) -> Optional[dict]:
+        """The most recent holder that receives (its ``loc`` and job ``token``)."""
         for proc_id in reversed(self.order):
-            loc = self.holders[proc_id]["loc"]
-            if loc is not None:
-                return loc
+            holder = self.holders[proc_id]
+            if holder["loc"] is not None:
+                return holder
         return None
 
     def copies_for_unused_close(self) -> int:
@@ -132,6 +137,16 @@ class PipeRegistry:
                 del end.held_unused[proc_id]
                 end.lost = end.lost or end.eof_owed
 
+    def _reachable(self, end: _End) -> Optional[dict]:
+        """Where a copy should look for the end now: its active copy's location, or
+        None while that copy's job has lost its watch stream to this process (it died,
+        most likely): a connect to an address that vanished with its container or host
+        blocks for seconds, and the job watch's verdict comes sooner."""
+        holder = end.active_holder()
+        if holder is None or self.jobs.cut_off(holder["token"]):
+            return None
+        return holder["loc"]
+
     def __call__(self, op: str, request: Request) -> None:
         pipe_id, index = request.args[0], request.args[1]
         ends = self._ends(pipe_id)
@@ -150,7 +165,7 @@ class PipeRegistry:
             end.holders[proc_id] = {"loc": loc, "token": token}
             end.order.append(proc_id)
             mail, end.mail = end.mail, []
-            request.reply([k for k, _ in mail], [len(f) for _, f in mail], peer.location(),
+            request.reply([k for k, _ in mail], [len(f) for _, f in mail], self._reachable(peer),
                           body=[frame for _, frames in mail for frame in frames])
         elif op == "mail":
             loc = end.location()
@@ -165,7 +180,7 @@ class PipeRegistry:
                 request.reply("stored", None)
         elif op == "lookup":
             self._purge_dead(end)
-            request.reply(end.location(), end.copies(), end.lost, end.closed,
+            request.reply(self._reachable(end), end.copies(), end.lost, end.closed,
                           bool(end.held_unused))
         elif op == "ship":
             end.in_transit += 1
