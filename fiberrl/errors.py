@@ -6,6 +6,7 @@ carry what the cluster said about a job (exit code, signal, reason, log tail).
 """
 from __future__ import annotations
 
+import errno
 import pickle
 from multiprocessing import (AuthenticationError, BufferTooShort, ProcessError,
                              TimeoutError)
@@ -15,7 +16,8 @@ __all__ = ["ProcessError", "BufferTooShort", "TimeoutError", "AuthenticationErro
            "ConfigError", "BackendError", "JobFailedError", "TaskRetryError",
            "TaskDeserializationError", "PoolTerminatedError", "ManagerConnectionError",
            "OwnerGoneError", "ForgedMessageError", "SharedMemoryHostError", "NotHereError",
-           "ForkServerError", "UnlockedReleaseError", "NotOwnerError", "ClientGone"]
+           "ForkServerError", "UnlockedReleaseError", "NotOwnerError",
+           "NegativeSemaphoreError", "ClientGone"]
 
 
 class ConfigError(ValueError):
@@ -130,6 +132,15 @@ class NotOwnerError(AssertionError, RuntimeError):
     caller does not hold: the ``AssertionError`` of ``multiprocessing.RLock`` and
     ``Condition`` and the ``RuntimeError`` of ``threading``'s (and so of a manager's)
     at once."""
+
+
+class NegativeSemaphoreError(OSError, ValueError):
+    """A semaphore made with a negative value: the ``OSError`` (``EINVAL``) of
+    ``multiprocessing.Semaphore`` and the ``ValueError`` of ``threading``'s (and so of
+    a manager's) at once."""
+
+    def __init__(self, value: object) -> None:
+        super().__init__(errno.EINVAL, f"semaphore initial value must be >= 0, got {value!r}")
 
 
 class ClientGone(ConnectionAbortedError):

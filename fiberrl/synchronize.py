@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 
 from ._sync import coordination
 from ._sync.semlock import RECURSIVE_MUTEX, SEMAPHORE, SemLock  # noqa: F401 (the stdlib's name)
+from .errors import NegativeSemaphoreError
 
 SEM_VALUE_MAX = __import__("_multiprocessing").SemLock.SEM_VALUE_MAX
 
@@ -63,5 +64,7 @@ def Barrier(parties: int, action: Optional[Callable[[], Any]] = None,
 
 
 def _check_value(value: Any) -> None:
-    if not isinstance(value, int) or value < 0:
-        raise ValueError(f"semaphore initial value must be an int >= 0, got {value!r}")
+    if not isinstance(value, int):
+        raise TypeError(f"semaphore initial value must be an int, got {value!r}")
+    if value < 0:
+        raise NegativeSemaphoreError(value)

@@ -127,6 +127,7 @@ def test_every_error_a_user_can_see_is_importable_from_fiberrl():
     import fiberrl
     import fiberrl.errors as errors
     internal = {"NotHereError", "ForkServerError", "UnlockedReleaseError", "NotOwnerError",
+                "NegativeSemaphoreError",
                 "ClientGone"}
     for name in errors.__all__:
         cls = getattr(errors, name)

@@ -1,5 +1,6 @@
 """fiberrl.Lock, RLock, Semaphore, Condition, Event, Barrier, Value and Array across
 job-backed processes, and what happens when a process using one dies."""
+import errno
 import os
 import threading
 import time
@@ -466,3 +467,19 @@ def test_an_rlock_or_condition_used_without_its_lock_raises_what_the_stdlib_and_
         pass
     if where == "manager":
         manager.shutdown()
+
+
+@pytest.mark.parametrize("make", [fiberrl.Semaphore, fiberrl.BoundedSemaphore])
+def test_a_semaphores_bad_initial_value_raises_what_the_stdlib_and_threading_raise(make):
+    """A negative value: ``multiprocessing.Semaphore`` raises ``OSError`` (EINVAL, from
+    the kernel), ``threading.Semaphore`` ``ValueError``; fiberrl's error is both. A value
+    that is not an integer is a ``TypeError``, as in the stdlib. (A manager's semaphore
+    reports either as ``RemoteError``, as the stdlib's manager does.)"""
+    with pytest.raises(OSError) as raised:
+        make(-1)
+    assert isinstance(raised.value, ValueError)
+    assert raised.value.errno == errno.EINVAL
+    for bad in ("2", 1.5, None):
+        with pytest.raises(TypeError):
+            make(bad)
+    assert make(0).acquire(timeout=0.01) is False

@@ -34,7 +34,7 @@ import time
 import weakref
 from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
-from ..errors import ClientGone, NotOwnerError, UnlockedReleaseError
+from ..errors import ClientGone, NegativeSemaphoreError, NotOwnerError, UnlockedReleaseError
 from . import serving as managers
 
 logger = logging.getLogger(__name__)
@@ -324,7 +324,7 @@ class Semaphore(_Acquirable):
 
     def __init__(self, value: int = 1) -> None:
         if value < 0:
-            raise ValueError("semaphore initial value must be >= 0")
+            raise NegativeSemaphoreError(value)
         super().__init__()
         self._value = value
         self._held: Dict[int, int] = collections.Counter()
