@@ -8,6 +8,7 @@ that does not come up is an error, not a skip.
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -99,16 +100,20 @@ def assert_no_live_jobs(conf: str, grace: float = 15.0) -> None:
 MASTER_TIMEOUT = 240.0
 
 
-def run_master(command: list, env: dict, cwd: str = None,
-               timeout: float = MASTER_TIMEOUT) -> subprocess.CompletedProcess:
+def run_master(command: list, env: dict, cwd: str = None, timeout: float = MASTER_TIMEOUT,
+               dumps_on_sigusr1: bool = False) -> subprocess.CompletedProcess:
     """Run a master program to its end; if it is still running after ``timeout`` s,
     fail with what it printed and the stack of every thread (faulthandler, on SIGABRT)
-    rather than leave pytest to kill the test with no word from the program."""
+    rather than leave pytest to kill the test with no word from the program. A master
+    that ``dumps_on_sigusr1`` is sent SIGUSR1 first, to print its own state."""
     proc = subprocess.Popen(command, env={**env, "PYTHONFAULTHANDLER": "1"}, cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        if dumps_on_sigusr1:   # it says what it waits on
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
         proc.send_signal(signal.SIGABRT)
         try:
             out, err = proc.communicate(timeout=20)

@@ -56,7 +56,31 @@ def _pids(pool, workers):
     return seen
 
 
+def _dump_jobs(signum, frame):
+    """On SIGUSR1 (slurm_cluster.run_master, before it gives up on a hung master): the
+    state of every child job and of the job watch, on stderr."""
+    import multiprocessing.process as mp_process
+    from fiberrl._runtime.liveness import existing_job_watch
+    watch = existing_job_watch()
+    lines = ["JOBS at SIGUSR1:"]
+    for child in list(mp_process._children):
+        popen = child._popen
+        job = getattr(popen, "job", None)
+        entry = watch.jobs.get(popen._token) if watch is not None and popen else None
+        lines.append(f"  {child.name} job={getattr(job, 'id', None)} data={getattr(job, 'data', None)!r} "
+                     f"rc={popen.returncode} "
+                     f"ended_event={popen._ended.is_set()} token={popen._token} entry="
+                     + (repr({k: getattr(entry, k) for k in entry.__slots__ if k != 'popen'})
+                        if entry is not None else "None"))
+    if watch is not None:
+        lines.append(f"  watch: {len(watch.jobs)} jobs, poller alive "
+                     f"{watch._poller is not None and watch._poller.is_alive()}")
+    sys.stderr.write("\n".join(lines) + "\n")
+    sys.stderr.flush()
+
+
 def main(mode, arg=None):
+    signal.signal(signal.SIGUSR1, _dump_jobs)
     fiberrl.init(backend="slurm", heartbeat_timeout=5)
     # 8-CPU nodes: 2 CPUs a worker, 4 a host job: one host job fills one node
     with fiberrl.Pool(8, cpu=2, workers_per_job=4) as pool:

@@ -95,7 +95,7 @@ def _master(tmp_path, *args, extra=None):
     env.pop("FIBERRL_BACKEND", None)
     try:
         done = slurm_cluster.run_master([sys.executable, str(MASTER), *args], env,
-                                        cwd=str(MASTER.parent))
+                                        cwd=str(MASTER.parent), dumps_on_sigusr1=True)
     finally:
         slurm_cluster.assert_no_live_jobs(conf, grace=30)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
