@@ -150,12 +150,17 @@ class Reactor:
         os.close(self._wake_w)
 
     def _drain_wake(self) -> None:
-        self._woken = False
         try:
             while os.read(self._wake_r, 4096):
                 pass
         except (BlockingIOError, OSError):
             pass
+        # Only now. Cleared before the read, a call_soon() landing in between would set
+        # the flag and write a byte that this read takes: the flag stays set with the
+        # pipe empty, and no later call_soon() wakes the loop again. Cleared after it, a
+        # call_soon() that found the flag set either queued its call before this point
+        # (it runs below) or wrote its byte after (it wakes the next poll).
+        self._woken = False
 
     def _next_timeout(self) -> float:
         if self._calls:
