@@ -70,9 +70,10 @@ _MOVE_SECONDS = 5.0   # how long a sender waits for a moving peer end to arrive
 #: how long a receiver waits for the close marker of a peer the rendezvous says closed
 #: cleanly (what the peer sent comes before it); a peer whose process died is not waited for
 _CLOSE_MARKER_GRACE = 2.0
-#: how long a receiver's look at its peer (a connect to where the rendezvous says it is)
-#: may block: a connect to an address that vanished with its container or host waits for
-#: ARP or SYN timeouts (seconds); a failed look is simply repeated a moment later
+#: how long a look at the peer (a connect to where the rendezvous says it is) may block:
+#: a connect to an address that vanished with its container or host waits for ARP or
+#: SYN timeouts (seconds); a failed look is repeated a moment later (a sender's, with
+#: the usual limit once the rendezvous still names the place)
 _PROBE_SECONDS = 1.0
 _TAKEN_AWAY = ("the pipe end was closed, or sent to another process, by another thread while "
                "this one used it")
@@ -108,10 +109,17 @@ class _Retry:
     is moving to another process (or closing), which the rendezvous learns in a moment, so
     later attempts wait a little, for up to :data:`_MOVE_SECONDS` in all."""
 
-    __slots__ = ("attempts", "deadline", "pause")
+    __slots__ = ("attempts", "deadline", "pause", "connects")
 
     def __init__(self) -> None:
-        self.attempts, self.deadline, self.pause = 0, 0.0, 0.001
+        self.attempts, self.deadline, self.pause, self.connects = 0, 0.0, 0.001, 0
+
+    def connect_timeout(self) -> Optional[float]:
+        """How long the next connect may wait: the first only a moment (the peer may
+        have just died with its address, where a connect waits out ARP or SYN
+        timeouts: the rendezvous knows better a moment later); then the usual limit."""
+        self.connects += 1
+        return _PROBE_SECONDS if self.connects == 1 else None
 
     def again(self, conn: "Connection") -> bool:
         """Whether to try (again); ``BrokenPipeError`` once the time is up."""
@@ -330,7 +338,7 @@ class Connection(PipeEndClosing):
                 if answer == "closed":
                     self._peer_gone, self._peer_held = True, False
                     raise BrokenPipeError("the other end of the pipe is closed")
-                if not self._connect(peer):
+                if answer == "doubt" or not self._connect(peer, retry.connect_timeout()):
                     self._check_peer_there()
                     continue
             try:

@@ -9,8 +9,11 @@ Lives in the runtime of the process that called ``Pipe()``. For each end it keep
   had not read when it closed (handed back so the next copy reads them, in order).
 
 A sender asks ``mail``: the owner stores the message, answers with the address of
-the active copy so the sender connects there directly, or answers "closed" when the
-end's last copy was closed (the sender raises ``BrokenPipeError``). A closing copy calls
+the active copy so the sender connects there directly, answers "doubt" while that
+copy's job has lost its watch stream to this process (it died, most likely: the sender
+asks again in a moment rather than connect to an address that may have vanished with
+it), or answers "closed" when the end's last copy was closed (the sender raises
+``BrokenPipeError``). A closing copy calls
 ``release``: the answer says how many copies stay active, so only the last one
 tells the peer "EOF". A copy being sent to another process (``ship``, counted until
 it arrives and registers) also counts. Copies held by jobs that died, and copies on
@@ -168,11 +171,13 @@ class PipeRegistry:
             request.reply([k for k, _ in mail], [len(f) for _, f in mail], self._reachable(peer),
                           body=[frame for _, frames in mail for frame in frames])
         elif op == "mail":
-            loc = end.location()
+            holder = end.active_holder()
             if request.args[2] == CLOSE and peer.copies() == 0:
                 peer.closed = True   # the sender's end closed its only, never used copy
-            if loc is not None:
-                request.reply("peer", loc)
+            if holder is not None and self.jobs.cut_off(holder["token"]):
+                request.reply("doubt", None)   # the sender waits for the verdict
+            elif holder is not None:
+                request.reply("peer", holder["loc"])
             elif end.closed and end.copies() == 0 and not end.held_unused:
                 request.reply("closed", None)
             else:
