@@ -139,8 +139,10 @@ class NegativeSemaphoreError(OSError, ValueError):
     ``multiprocessing.Semaphore`` and the ``ValueError`` of ``threading``'s (and so of
     a manager's) at once."""
 
-    def __init__(self, value: object) -> None:
-        super().__init__(errno.EINVAL, f"semaphore initial value must be >= 0, got {value!r}")
+    @classmethod
+    def of(cls, value: object) -> "NegativeSemaphoreError":
+        """The error for initial value ``value``."""
+        return cls(errno.EINVAL, f"semaphore initial value must be >= 0, got {value!r}")
 
 
 class ClientGone(ConnectionAbortedError):

@@ -67,4 +67,4 @@ def _check_value(value: Any) -> None:
     if not isinstance(value, int):
         raise TypeError(f"semaphore initial value must be an int, got {value!r}")
     if value < 0:
-        raise NegativeSemaphoreError(value)
+        raise NegativeSemaphoreError.of(value)

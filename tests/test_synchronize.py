@@ -2,6 +2,7 @@
 job-backed processes, and what happens when a process using one dies."""
 import errno
 import os
+import pickle
 import threading
 import time
 
@@ -479,6 +480,8 @@ def test_a_semaphores_bad_initial_value_raises_what_the_stdlib_and_threading_rai
         make(-1)
     assert isinstance(raised.value, ValueError)
     assert raised.value.errno == errno.EINVAL
+    again = pickle.loads(pickle.dumps(raised.value))   # it can cross to another process
+    assert type(again) is type(raised.value) and again.args == raised.value.args
     for bad in ("2", 1.5, None):
         with pytest.raises(TypeError):
             make(bad)

@@ -13,9 +13,8 @@ the active copy so the sender connects there directly, answers "doubt" while tha
 copy's job has lost its watch stream to this process (it died, most likely: the sender
 asks again in a moment rather than connect to an address that may have vanished with
 it), or answers "closed" when the end's last copy was closed (the sender raises
-``BrokenPipeError``). A closing copy calls
-``release``: the answer says how many copies stay active, so only the last one
-tells the peer "EOF". A copy being sent to another process (``ship``, counted until
+``BrokenPipeError``). A closing copy calls ``release``: the answer says how many
+copies stay active, so only the last one tells the peer "EOF". A copy being sent to another process (``ship``, counted until
 it arrives and registers) also counts. Copies held by jobs that died, and copies on
 their way to a job that died before it unpickled them, are dropped on ``lookup``,
 whose answer says whether any copy was lost that way and whether the last copy was
@@ -69,10 +68,6 @@ class _End:
     def copies(self) -> int:
         """Copies that still count for end-of-file: active ones and ones in transit."""
         return len(self.holders) + max(self.in_transit, 0)
-
-    def location(self) -> Optional[dict]:
-        holder = self.active_holder()
-        return None if holder is None else holder["loc"]
 
     def active_holder(self) -> Optional[dict]:
         """The most recent holder that receives (its ``loc`` and job ``token``)."""

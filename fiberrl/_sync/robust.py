@@ -324,7 +324,7 @@ class Semaphore(_Acquirable):
 
     def __init__(self, value: int = 1) -> None:
         if value < 0:
-            raise NegativeSemaphoreError(value)
+            raise NegativeSemaphoreError.of(value)
         super().__init__()
         self._value = value
         self._held: Dict[int, int] = collections.Counter()
