@@ -154,3 +154,24 @@ def test_output_piped_into_a_reader_that_leaves_ends_quietly(tmp_path):
                           text=True, timeout=120, executable="/bin/bash")
     assert done.stdout == "job 0\n"
     assert done.stderr == "", done.stderr
+
+
+@pytest.mark.parametrize("error", [
+    BrokenPipeError("the other end of the pipe is closed"),   # a fiberrl pipe's peer
+    "manager",                                                 # a manager's server gone
+])
+def test_a_broken_pipe_that_is_not_our_output_is_reported_as_an_error(error, capsys):
+    """Only a write to our own output whose reader left ends quietly; a fiberrl pipe or
+    manager connection failing inside the command is an error, one line, exit 1."""
+    import argparse
+    import fiberrl
+    from fiberrl.cli.support import run_command
+    if error == "manager":
+        error = fiberrl.ManagerConnectionError("the manager's server is gone")
+
+    def fails(args):
+        raise error
+
+    assert run_command(fails, argparse.Namespace(), "fiberrl ps") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"error: {type(error).__name__}: {error}" in err, err

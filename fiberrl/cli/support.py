@@ -15,6 +15,7 @@ argparse's own complaints into the same one line (no usage block), and
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
 import logging
 import os
@@ -94,15 +95,22 @@ def run_command(func: Callable[[argparse.Namespace], Any], args: argparse.Namesp
     except KeyboardInterrupt:
         _report(prog, "interrupted", debug)
         return INTERRUPTED_STATUS
-    except BrokenPipeError:
+    except BrokenPipeError as error:
+        if error.errno != errno.EPIPE:   # fiberrl's own (a pipe's peer, a manager gone)
+            return _failed(prog, error, debug)
         # the reader of our output left (``fiberrl ps | head``): stop quietly, as Unix
         # tools do, and keep Python's exit flush from failing on the same pipe
         _quiet_stdout()
         return BROKEN_PIPE_STATUS
     except Exception as error:  # noqa: BLE001 - the contract: one line, the traceback on demand
-        hint = "" if debug else " (run with --debug for the traceback)"
-        _report(prog, f"error: {type(error).__name__}: {error}{hint}", debug)
-        return 1
+        return _failed(prog, error, debug)
+
+
+def _failed(prog: str, error: BaseException, debug: bool) -> int:
+    """Report ``error`` as the command's failure; its exit status."""
+    hint = "" if debug else " (run with --debug for the traceback)"
+    _report(prog, f"error: {type(error).__name__}: {error}{hint}", debug)
+    return 1
 
 
 #: the status of a command whose output pipe closed (128 + SIGPIPE, as a shell reports it)
