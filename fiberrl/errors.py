@@ -88,12 +88,13 @@ class PoolTerminatedError(ProcessError):
     """The pool was terminated before this result was ready."""
 
 
-class ManagerConnectionError(ConnectionError, EOFError):
+class ManagerConnectionError(BrokenPipeError, EOFError):
     """The server behind a manager proxy (or a lock, event, value...) is unreachable.
 
     Raised instead of a bare ``EOFError``/``BrokenPipeError`` when the server's job
-    died, shut down or its host was lost; it is both a ``ConnectionError`` and the
-    ``EOFError`` the stdlib's proxies raise, so existing handlers keep working.
+    died, shut down or its host was lost; it is both the ``BrokenPipeError`` (a
+    ``ConnectionError``) and the ``EOFError`` the stdlib's proxies raise, so existing
+    handlers keep working.
     """
 
 

@@ -133,6 +133,8 @@ def test_server_killed_mid_use_raises_a_clear_error():
         shared["a"]
     with pytest.raises(EOFError):  # what stdlib code catches keeps working
         shared["a"]
+    with pytest.raises(BrokenPipeError):   # a stdlib proxy's send to a dead server
+        shared["a"] = 1
     assert time.monotonic() - started < 10
     # once the owner knows its server's job ended, a call fails at once: it does not
     # dial an address that may be a gone container's (no route to host: 3 s per call)
