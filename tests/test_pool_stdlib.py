@@ -107,3 +107,26 @@ def test_a_replaced_workers_object_stays_usable():
         assert not first.is_alive()
         assert first.exitcode == 0
         assert pool.apply(_square, (4,)) == 16
+
+
+def test_a_pool_nobody_holds_lives_until_its_results_are_in():
+    """``Pool(2).map_async(...)`` with the pool dropped at once: the stdlib's results
+    keep their pool running until they are ready, so they arrive (fiberrl's pool was
+    terminated by the collector: "the pool was terminated before this result was
+    ready"). A fire-and-forget ``apply_async`` with a callback gets its callback too."""
+    import threading
+    result = fiberrl.Pool(2).map_async(_square, range(8))
+    gc.collect()
+    assert result.get(timeout=60) == [x * x for x in range(8)]
+    one = fiberrl.Pool(1).apply_async(_square, (7,))
+    gc.collect()
+    assert one.get(timeout=60) == 49
+    items = fiberrl.Pool(1).imap(_square, range(5))
+    gc.collect()
+    assert list(items) == [0, 1, 4, 9, 16]
+    called = threading.Event()
+    fiberrl.Pool(1).apply_async(_square, (3,), callback=lambda value: called.set())
+    gc.collect()
+    assert called.wait(60)
+    del result, one, items
+    gc.collect()

@@ -127,8 +127,12 @@ TERMINATE_WAIT = 15.0  # seconds terminate() waits for the workers to be gone
 
 
 def _terminate_core(core: _PoolCore) -> None:
+    """Terminate the core of a pool that was collected (or at exit) and wait for it,
+    except on the I/O loop: a result that held the pool can be dropped there last, and
+    the pool's threads need the loop to wind down."""
     core.terminate()
-    core.join(15.0)
+    if not core.dispatcher.reactor.in_loop():
+        core.join(15.0)
 
 
 class Pool:
@@ -229,6 +233,7 @@ class Pool:
         _check_callable(func)
         core = self._core
         result = ApplyResult(core, func, callback, error_callback)
+        result.keep_alive(self)
         try:
             task = result._make_task(0, APPLY, (tuple(args), dict(kwds or {})), 1)
         except BaseException:
@@ -448,6 +453,7 @@ class Pool:
         chunksize = max(chunksize, 1)
         core = self._core
         result = MapResult(core, func, n_items, chunksize, callback, error_callback, progress)
+        result.keep_alive(self)
         memo: dict = {}  # the call's tasks share their large buffers (see .shared)
         batch: list = []
         submit, make_task = core.dispatcher.submit, result._make_task
@@ -492,6 +498,7 @@ class Pool:
         core = self._core
         total = len(iterable) if hasattr(iterable, "__len__") else None
         result = IMapIterator(core, func, ordered, self._window, progress, total, chunksize)
+        result.keep_alive(self)
         feeder = threading.Thread(target=feed, args=(core, result, iter(iterable), chunksize,
                                                       MAP),
                                   name=f"fiberrl-{core.name}-feeder", daemon=True)

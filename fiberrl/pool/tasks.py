@@ -236,10 +236,17 @@ class Call(abc.ABC):
         self._outstanding = 0          # tasks submitted and not yet finished (I/O thread)
         self._submitted_all = False
         self._released = False
+        self._owner: Any = None   # the Pool, held while this result lives (see keep_alive)
         per_item = self.function.item_seconds   # seconds per task, measured by workers
         self.mean_duration = None if per_item is None else per_item * items_per_task
 
     # -- called by the pool ------------------------------------------------------
+    def keep_alive(self, owner: Any) -> None:
+        """Hold ``owner`` (the :class:`~fiberrl.Pool`) until every task of this call has
+        finished, as the stdlib's results hold their pool until they are ready:
+        ``Pool(2).map_async(...)`` with the pool dropped at once still runs to its end."""
+        self._owner = owner
+
     def _make_task(self, index: int, mode: int, payload: Any, size: int, first: int = 0,
                    memo: Optional[dict] = None) -> Task:
         """Pickle one task; ``memo`` (one dict per call) lets its tasks share large buffers."""
@@ -290,6 +297,7 @@ class Call(abc.ABC):
             if self.mean_duration is not None:
                 self.function.item_seconds = self.mean_duration / self._items_per_task
             self._core.functions.release(self.function)
+            self._owner = None   # a pool nobody else holds may go now (see keep_alive)
 
     @abc.abstractmethod
     def _set(self, index: int, ok: bool, value: Any) -> None:
