@@ -166,13 +166,13 @@ class PipeRegistry:
             request.reply([k for k, _ in mail], [len(f) for _, f in mail], self._reachable(peer),
                           body=[frame for _, frames in mail for frame in frames])
         elif op == "mail":
-            holder = end.active_holder()
+            loc = self._reachable(end)
             if request.args[2] == CLOSE and peer.copies() == 0:
                 peer.closed = True   # the sender's end closed its only, never used copy
-            if holder is not None and self.jobs.cut_off(holder["token"]):
+            if loc is not None:
+                request.reply("peer", loc)
+            elif end.active_holder() is not None:
                 request.reply("doubt", None)   # the sender waits for the verdict
-            elif holder is not None:
-                request.reply("peer", holder["loc"])
             elif end.closed and end.copies() == 0 and not end.held_unused:
                 request.reply("closed", None)
             else:
