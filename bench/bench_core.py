@@ -24,7 +24,9 @@ import fiberrl
 from machine_load import add_load_option, cpu_load, cpu_seconds, describe
 
 
-def echo(conn, n):
+def echo(conn, n, core=None):
+    if core is not None:
+        os.sched_setaffinity(0, {core})
     started = cpu_seconds()
     for _ in range(n):
         conn.send_bytes(conn.recv_bytes())
@@ -42,23 +44,30 @@ def noop():
     pass
 
 
-def pipe_pingpong(lib, rounds):
-    """(p50 round trip in us, CPU of both ends per round trip in us)."""
+def pipe_pingpong(lib, rounds, process_lib=None, core=None):
+    """(p50 round trip in us, CPU of both ends per round trip in us). The child is made
+    by ``process_lib`` (default: ``lib``); with ``core``, both ends run on that core."""
     a, b = lib.Pipe()
-    proc = lib.Process(target=echo, args=(b, rounds + 200))
+    proc = (process_lib or lib).Process(target=echo, args=(b, rounds + 200, core))
     proc.start()
+    mask = os.sched_getaffinity(0)
+    if core is not None:
+        os.sched_setaffinity(0, {core})
     msg = b"x" * 64
-    for _ in range(200):  # warm up (connections, caches)
-        a.send_bytes(msg)
-        a.recv_bytes()
-    samples = []
-    cpu = cpu_seconds()
-    for _ in range(rounds):
-        started = time.perf_counter()
-        a.send_bytes(msg)
-        a.recv_bytes()
-        samples.append(time.perf_counter() - started)
-    cpu = cpu_seconds() - cpu + a.recv()   # the echo's CPU includes its warm-up rounds
+    try:
+        for _ in range(200):  # warm up (connections, caches, the echo's pinning)
+            a.send_bytes(msg)
+            a.recv_bytes()
+        samples = []
+        cpu = cpu_seconds()
+        for _ in range(rounds):
+            started = time.perf_counter()
+            a.send_bytes(msg)
+            a.recv_bytes()
+            samples.append(time.perf_counter() - started)
+        cpu = cpu_seconds() - cpu + a.recv()   # the echo's CPU includes its warm-up rounds
+    finally:
+        os.sched_setaffinity(0, mask)
     proc.join()
     return statistics.median(samples) * 1e6, cpu / rounds * 1e6
 

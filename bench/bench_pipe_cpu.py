@@ -10,7 +10,17 @@ trip, side by side:
   kernel and two interpreters cost before any library code (the floor);
 - the stdlib's ``fork``, ``forkserver`` (Python 3.14's default on Linux) and ``spawn``
   contexts: one code path, processes made three ways;
-- fiberrl.
+- fiberrl;
+- ``fiberrl-fork``: fiberrl's pipe between this process and a child made by the
+  stdlib's fork context: fiberrl's code, with the process model of fork (a child that
+  shares its parent's memory page for page), which separates what fiberrl's code costs
+  from what a fresh interpreter costs.
+
+``--same-core`` pins both ends of every ping-pong to one core. Where the two ends run
+decides the CPU more than any code does: on this project's VM a pair on two cores pays
+a cross-core wake-up per message (~45-55 us of CPU per round trip and process, loaded,
+for the stdlib and fiberrl alike), a pair on one core does not, and which one a run
+gets is up to the scheduler. Pinned, every target is measured in the same placement.
 
 Medians of R interleaved rounds (one round on a 2-core VM swings by 2-3x). Run it
 idle and with ``--load $(nproc)``. A measurement, not a test.
@@ -38,12 +48,15 @@ def _raw_echo(sock, n, report):
     os.write(report, repr(cpu_seconds() - started).encode())
 
 
-def raw_pingpong(rounds=ROUNDS):
+def raw_pingpong(rounds=ROUNDS, core=None):
     """The floor, measured as ``bench_core.pipe_pingpong`` measures a library: two forked
     processes, bare ``send``/``recv`` on a socket pair; (p50 round trip in us, CPU of
     both ends per round trip in us, the echo's warm-up rounds included)."""
     ours, theirs = socket.socketpair()
     report_r, report_w = os.pipe()
+    mask = os.sched_getaffinity(0)
+    if core is not None:
+        os.sched_setaffinity(0, {core})   # the child inherits it
     pid = os.fork()
     if pid == 0:   # pragma: no cover - the child
         ours.close()
@@ -61,6 +74,7 @@ def raw_pingpong(rounds=ROUNDS):
         ours.recv(4096)
         samples.append(time.perf_counter() - started)
     cpu = cpu_seconds() - cpu
+    os.sched_setaffinity(0, mask)
     os.waitpid(pid, 0)
     cpu += float(os.read(report_r, 64))
     for fd in (report_r, report_w):
@@ -73,13 +87,19 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
     add_load_option(parser)
+    parser.add_argument("--same-core", action="store_true",
+                        help="pin both ends of every ping-pong to one core")
     args = parser.parse_args()
-    print(describe(args.load))
-    measures = {"raw": raw_pingpong}
+    core = min(os.sched_getaffinity(0)) if args.same_core else None
+    print(describe(args.load) + (f"; both ends on core {core}" if args.same_core
+                                 else "; ends placed by the scheduler"))
+    measures = {"raw": functools.partial(raw_pingpong, core=core)}
     for method in ("fork", "forkserver", "spawn"):
-        measures[method] = functools.partial(pipe_pingpong, multiprocessing.get_context(method),
-                                             ROUNDS)
-    measures["fiberrl"] = functools.partial(pipe_pingpong, fiberrl, ROUNDS)
+        context = multiprocessing.get_context(method)
+        measures[method] = functools.partial(pipe_pingpong, context, ROUNDS, core=core)
+    measures["fiberrl"] = functools.partial(pipe_pingpong, fiberrl, ROUNDS, core=core)
+    measures["fiberrl-fork"] = functools.partial(pipe_pingpong, fiberrl, ROUNDS,
+                                                 multiprocessing.get_context("fork"), core)
     results = {name: [] for name in measures}
     with cpu_load(args.load):
         for _ in range(args.rounds):
@@ -93,7 +113,10 @@ def main():
               f"runs {' '.join(f'{c:.0f}' for _, c in runs)}")
     print(f"CPU per round trip: fiberrl / stdlib fork {cpu['fiberrl'] / cpu['fork']:.2f}x "
           "(target <= 1.5), "
-          f"fiberrl / stdlib forkserver {cpu['fiberrl'] / cpu['forkserver']:.2f}x; "
+          f"fiberrl / stdlib forkserver {cpu['fiberrl'] / cpu['forkserver']:.2f}x, "
+          f"fiberrl / stdlib spawn {cpu['fiberrl'] / cpu['spawn']:.2f}x; "
+          f"fiberrl's pipe to a forked child / stdlib fork "
+          f"{cpu['fiberrl-fork'] / cpu['fork']:.2f}x; "
           f"above the floor: stdlib fork {cpu['fork'] - cpu['raw']:+.1f} us, "
           f"fiberrl {cpu['fiberrl'] - cpu['raw']:+.1f} us")
 
