@@ -20,7 +20,8 @@ trip, side by side:
 decides the CPU more than any code does: on this project's VM a pair on two cores pays
 a cross-core wake-up per message (loaded, up to several times the CPU of the same pair
 on one core, for the stdlib and fiberrl alike), and which placement a run gets is up
-to the scheduler, which keeps it for the run. Pinned, every target is measured in the same placement.
+to the scheduler, which keeps it for the run. Pinned, every target is measured in the
+same placement.
 
 Medians of R interleaved rounds (one round on a 2-core VM swings by 2-3x). Run it
 idle and with ``--load $(nproc)``. A measurement, not a test.
