@@ -178,9 +178,11 @@ def _pipes(pid="self"):
     return found
 
 
-def _descriptors(queue):
+def _descriptors(queue, looked=None):
     import resource
     queue.put((_pipes(), resource.getrlimit(resource.RLIMIT_NOFILE)))
+    if looked is not None:   # alive, its pipes held by the server, until the test looked
+        looked.wait(30)
 
 
 def test_a_forked_job_holds_none_of_its_siblings_output_pipes(server):
@@ -191,12 +193,13 @@ def test_a_forked_job_holds_none_of_its_siblings_output_pipes(server):
     for proc in sleepers:
         proc.start()
     try:
-        queue = fiberrl.Queue()
-        probe = fiberrl.Process(target=_descriptors, args=(queue,))
+        queue, looked = fiberrl.Queue(), fiberrl.Event()
+        probe = fiberrl.Process(target=_descriptors, args=(queue, looked))
         probe.start()
         assert _forked(probe)
         pipes, limits = queue.get(timeout=30)
         kept_by_server = set(_pipes(server.process.pid).values())
+        looked.set()
         shared = {fd for fd, inode in pipes.items() if inode in kept_by_server}
         assert shared == {1, 2}, pipes   # its own stdout and stderr, no sibling's
         assert limits == resource.getrlimit(resource.RLIMIT_NOFILE)
