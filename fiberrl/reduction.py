@@ -223,10 +223,10 @@ def dumps(obj: Any) -> Frames:
     """Serialize ``obj`` to frames; large buffers are separate, uncopied frames."""
     kind = type(obj)
     if kind in _PLAIN_TYPES or ((kind is tuple or kind is list) and len(obj) <= _FLAT_MAX
-                                and all(map(_PLAIN_TYPES.__contains__, map(type, obj)))):
+                                and _PLAIN_TYPES.issuperset(map(type, obj))):
         # the common small message (a step command, a few arguments): no buffers to
-        # keep out, looked at in one C loop
-        return [pickle.dumps(obj, protocol=5)]
+        # keep out, looked at in one C call
+        return [pickle.dumps(obj, 5)]
     plain = _plain_kind(obj)
     if plain == _SCALAR:   # plain data with nothing to keep out of band: a chunk of
         # scalars, arguments, a step command, an env's reply
