@@ -14,8 +14,8 @@ copy's job has lost its watch stream to this process (it died, most likely: the 
 asks again in a moment rather than connect to an address that may have vanished with
 it), or answers "closed" when the end's last copy was closed (the sender raises
 ``BrokenPipeError``). A closing copy calls ``release``: the answer says how many
-copies stay active, so only the last one tells the peer "EOF". A copy being sent to another process (``ship``, counted until
-it arrives and registers) also counts. Copies held by jobs that died, and copies on
+copies stay active, so only the last one tells the peer "EOF". A copy being sent to
+another process (``ship``, counted until it arrives and registers) also counts. Copies held by jobs that died, and copies on
 their way to a job that died before it unpickled them, are dropped on ``lookup``,
 whose answer says whether any copy was lost that way and whether the last copy was
 closed (either way no copies left means EOF, where an end that was simply never used
