@@ -8,18 +8,19 @@ Lives in the runtime of the process that called ``Pipe()``. For each end it keep
 * ``mail``: messages sent to the end while no copy was active, and messages a copy
   had not read when it closed (handed back so the next copy reads them, in order).
 
-A sender asks ``mail``: the owner stores the message, answers with the address of
-the active copy so the sender connects there directly, answers "doubt" while that
-copy's job has lost its watch stream to this process (it died, most likely: the sender
-asks again in a moment rather than connect to an address that may have vanished with
-it), or answers "closed" when the end's last copy was closed (the sender raises
+A sender asks ``mail``: the owner stores the message, answers with the address of the
+active copy so the sender connects there directly, answers "doubt" while that copy's
+job has lost its watch stream to this process (it died, most likely: the sender asks
+again in a moment rather than connect to an address that may have vanished with it),
+or answers "closed" when the end's last copy was closed (the sender raises
 ``BrokenPipeError``). A closing copy calls ``release``: the answer says how many
 copies stay active, so only the last one tells the peer "EOF". A copy being sent to
-another process (``ship``, counted until it arrives and registers) also counts. Copies held by jobs that died, and copies on
-their way to a job that died before it unpickled them, are dropped on ``lookup``,
-whose answer says whether any copy was lost that way and whether the last copy was
-closed (either way no copies left means EOF, where an end that was simply never used
-yet does not; after a close the closer's marker follows what it sent).
+another process (``ship``, counted until it arrives and registers) also counts. Copies
+held by jobs that died, and copies on their way to a job that died before it unpickled
+them, are dropped on ``lookup``, whose answer says whether any copy was lost that way
+and whether the last copy was closed (either way no copies left means EOF, where an
+end that was simply never used yet does not; after a close the closer's marker follows
+what it sent).
 
 A copy sent on by a process that never used it stays *held unused* there (as a parent
 holds the descriptor of an end it passed to a child). Such copies do not keep the
