@@ -525,8 +525,8 @@ class Connection(PipeEndClosing):
         """Receive a message sent with :meth:`send_bytes` as ``bytes``."""
         if maxlength is None:
             payload = self._take_quick(_BYTES)
-            if payload is not None:
-                return payload
+            if payload is not None:   # (a view when it waited in the mailbox)
+                return payload if type(payload) is bytes else bytes(payload)
         self._check_readable()
         if maxlength is not None and maxlength < 0:
             raise ValueError("negative maxlength")

@@ -50,6 +50,24 @@ def test_pipe_between_two_children():
         proc.join(30)
 
 
+def _report_received_types(conn, out):
+    out.send([type(conn.recv_bytes()), type(conn.recv_bytes()), conn.recv()])
+
+
+def test_messages_kept_for_an_end_not_yet_active_arrive_as_bytes():
+    """What was sent before the receiving end was active anywhere waits in the
+    rendezvous's mailbox; recv_bytes still returns ``bytes``, as the stdlib's does."""
+    a, b = fiberrl.Pipe()
+    a.send_bytes(b"kept for b")
+    a.send_bytes(b"")
+    a.send({"kept": True})
+    result_r, result_w = fiberrl.Pipe(duplex=False)
+    proc = fiberrl.Process(target=_report_received_types, args=(b, result_w))
+    proc.start()
+    assert result_r.recv() == [bytes, bytes, {"kept": True}]
+    proc.join(30)
+
+
 def test_echo_objects_bytes_and_eof_after_close():
     a, b = fiberrl.Pipe()
     proc = fiberrl.Process(target=_echo, args=(b,))

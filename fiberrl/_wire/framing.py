@@ -228,7 +228,7 @@ class FrameReader:
                 if end >= signed_end + MAC_BYTES:
                     # (one update over header and frame: the same digest as two)
                     self.verifier.check(data[signed_end:signed_end + MAC_BYTES],
-                                         data[pos:signed_end])
+                                        data[pos:signed_end])
                     out.append((kind, [bytes(data[pos + _HEAD_ONE.size:signed_end])]))
                     pos = signed_end + MAC_BYTES
                     continue
@@ -246,7 +246,7 @@ class FrameReader:
                 break
             signed_end = meta + (sizes[0] if count else 0)
             self.verifier.check(data[signed_end:signed_end + MAC_BYTES], data[pos:meta],
-                                 data[meta:signed_end])
+                                data[meta:signed_end])
             frames = [bytes(data[meta:signed_end])] if count else []
             offset = signed_end + MAC_BYTES
             for size in sizes[1:]:   # writable copies, as numpy users expect
