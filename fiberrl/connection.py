@@ -526,7 +526,7 @@ class Connection(PipeEndClosing):
         if maxlength is None:
             payload = self._take_quick(_BYTES)
             if payload is not None:   # (a view when it waited in the mailbox)
-                return payload if type(payload) is bytes else bytes(payload)
+                return bytes(payload)
         self._check_readable()
         if maxlength is not None and maxlength < 0:
             raise ValueError("negative maxlength")

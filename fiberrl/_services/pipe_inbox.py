@@ -201,14 +201,9 @@ class Inbox:
         peer is gone: ask the rendezvous. 0 when neither did.
         """
         held = self._held
-        if held:
-            events = self._epoll.poll(0.0)
-        elif timeout > 0 and self._spin_gate.should_spin(self._spin):
-            events = self._spin_then_poll(timeout)
-        else:
-            events = self._epoll.poll(timeout)
-            if not events:
-                return 0
+        events = self._epoll.poll(0.0) if held else self._events(timeout)
+        if not events and not held:
+            return 0
         lone = self._lone
         if events == lone[0] and not held:
             # one sender, nothing to put in order
@@ -219,8 +214,6 @@ class Inbox:
                 return STREAM_DROPPED
             for message in messages:
                 into.append(unstamp(message)[1])
-            return 0
-        if not events and not held:
             return 0
         items, ended = self._read(events)
         if len(self._readers) > 1 or self._held or self._local_used:
@@ -259,10 +252,7 @@ class Inbox:
         events_alone, reader = self._lone
         if reader is None or self._held:
             return None
-        if timeout > 0 and self._spin_gate.should_spin(self._spin):
-            events = self._spin_then_poll(timeout)
-        else:
-            events = self._epoll.poll(timeout)
+        events = self._events(timeout)
         if events != events_alone or reader.partial or reader.big is not None:
             return None   # (epoll is level-triggered: receive() sees the same events)
         scratch, view = scratch_buffer()
@@ -338,11 +328,13 @@ class Inbox:
             logger.warning("dropped a pipe stream: %s", exc)
         self._drop(fd)
 
-    def _spin_then_poll(self, timeout: float) -> List[Tuple[int, int]]:
-        """The epoll set's events within ``timeout`` s, polling without sleeping for the
-        spin first (:mod:`fiberrl._wire.spin`)."""
-        started = time.perf_counter()
+    def _events(self, timeout: float) -> List[Tuple[int, int]]:
+        """The epoll set's events within ``timeout`` s; when the spin gate allows,
+        polling without sleeping for the spin first (:mod:`fiberrl._wire.spin`)."""
         poll = self._epoll.poll
+        if timeout <= 0 or not self._spin_gate.should_spin(self._spin):
+            return poll(timeout)
+        started = time.perf_counter()
         found: List[Tuple[int, int]] = []
 
         def arrived() -> bool:
