@@ -7,8 +7,8 @@ one core: each run gets its own memory layout and its own VM state. Here a paren
 a child of the stdlib's fork context hold a fiberrl ``Pipe`` and a stdlib ``Pipe``, and
 switch between them every R round trips (64 bytes each way, ``send_bytes`` /
 ``recv_bytes``, as ``bench_core.py``), so both pipes are measured in the same processes
-at the same moments. Each side counts its own thread's CPU per block (both ends on one
-core unless ``--spread``). The figure is the median of the block pairs' ratios: each
+at the same moments. Each side counts its CPU per block, every thread (both ends on
+one core unless ``--spread``). The figure is the median of the block pairs' ratios: each
 pair shares its processes, its memory layout and its moment, which separate runs do not
 (on the 2-core VM, 10 blocks of 400: the median ratio still moved 1.43-1.81x between
 runs, so compare code changes over several runs).
@@ -23,16 +23,11 @@ import os
 import statistics
 
 import fiberrl
-from machine_load import add_load_option, cpu_load, describe
+from machine_load import add_load_option, cpu_load, cpu_seconds, describe
 
 PAYLOAD = b"x" * 64   # as bench_core's ping-pong
 LIBRARIES = ("stdlib", "fiberrl")
 WARM_UP = 50   # round trips per library before the first block
-
-
-def _thread_cpu_ns() -> int:
-    with open("/proc/thread-self/schedstat") as stat:
-        return int(stat.read().split()[0])
 
 
 def _echo(pipes, blocks, rounds, core, report):
@@ -46,10 +41,10 @@ def _echo(pipes, blocks, rounds, core, report):
         for name in LIBRARIES:
             conn = pipes[name]
             conn.send_bytes(conn.recv_bytes())   # the block's start
-            started = _thread_cpu_ns()
+            started = cpu_seconds()
             for _ in range(rounds):
                 conn.send_bytes(conn.recv_bytes())
-            cpu[name].append(_thread_cpu_ns() - started)
+            cpu[name].append(cpu_seconds() - started)
     report.send(cpu)
 
 
@@ -76,16 +71,16 @@ def paired(blocks, rounds, core):
                 conn = pipes[name]
                 conn.send_bytes(PAYLOAD)
                 conn.recv_bytes()
-                started = _thread_cpu_ns()
+                started = cpu_seconds()
                 for _ in range(rounds):
                     conn.send_bytes(PAYLOAD)
                     conn.recv_bytes()
-                cpu[name].append(_thread_cpu_ns() - started)
+                cpu[name].append(cpu_seconds() - started)
     finally:
         os.sched_setaffinity(0, mask)
     theirs = report_r.recv()
     child.join()
-    return {name: [(mine + other) / rounds / 1e3 for mine, other in zip(cpu[name], theirs[name])]
+    return {name: [(mine + other) / rounds * 1e6 for mine, other in zip(cpu[name], theirs[name])]
             for name in LIBRARIES}
 
 
