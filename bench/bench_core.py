@@ -24,12 +24,16 @@ import fiberrl
 from machine_load import add_load_option, cpu_load, cpu_seconds, describe
 
 
-def echo(conn, n, core=None):
+def echo(conn, n, core=None, objects=False):
     if core is not None:
         os.sched_setaffinity(0, {core})
     started = cpu_seconds()
-    for _ in range(n):
-        conn.send_bytes(conn.recv_bytes())
+    if objects:
+        for _ in range(n):
+            conn.send(conn.recv())
+    else:
+        for _ in range(n):
+            conn.send_bytes(conn.recv_bytes())
     conn.send(cpu_seconds() - started)
 
 
@@ -44,26 +48,29 @@ def noop():
     pass
 
 
-def pipe_pingpong(lib, rounds, process_lib=None, core=None):
-    """(p50 round trip in us, CPU of both ends per round trip in us). The child is made
-    by ``process_lib`` (default: ``lib``); with ``core``, both ends run on that core."""
+def pipe_pingpong(lib, rounds, process_lib=None, core=None, objects=False):
+    """(p50 round trip in us, CPU of both ends per round trip in us) of 64 B each way
+    (``objects``: a small tuple, pickled by ``send``, as a request and its reply are).
+    The child is made by ``process_lib`` (default: ``lib``); with ``core``, both ends
+    run on that core."""
     a, b = lib.Pipe()
-    proc = (process_lib or lib).Process(target=echo, args=(b, rounds + 200, core))
+    proc = (process_lib or lib).Process(target=echo, args=(b, rounds + 200, core, objects))
     proc.start()
     mask = os.sched_getaffinity(0)
     if core is not None:
         os.sched_setaffinity(0, {core})
-    msg = b"x" * 64
+    msg = (1, "x") if objects else b"x" * 64
+    send, receive = (a.send, a.recv) if objects else (a.send_bytes, a.recv_bytes)
     try:
         for _ in range(200):  # warm up (connections, caches, the echo's pinning)
-            a.send_bytes(msg)
-            a.recv_bytes()
+            send(msg)
+            receive()
         samples = []
         cpu = cpu_seconds()
         for _ in range(rounds):
             started = time.perf_counter()
-            a.send_bytes(msg)
-            a.recv_bytes()
+            send(msg)
+            receive()
             samples.append(time.perf_counter() - started)
         cpu = cpu_seconds() - cpu + a.recv()   # the echo's CPU includes its warm-up rounds
     finally:
