@@ -159,6 +159,9 @@ class Queue:
     def _put_local(broker: Broker, frames: List[Any], block: bool, timeout: Optional[float]) -> None:
         if len(frames) > 1:  # copy views of the caller's buffers: the item must not change
             frames = [frames[0], *[bytearray(f) for f in frames[1:]]]
+        if broker.held_here():   # a finalizer, run by the collector inside a critical section
+            broker.add_later(frames)
+            return
         with broker.lock:
             if broker.full():
                 if not block:

@@ -73,14 +73,30 @@ class ReadyFlag:
                     pass
 
 
+class _FinalizerPut:
+    """Stands for a put made by a finalizer in the :attr:`Broker.putters` line (such a
+    put waits for room there, as a remote one does, but nobody waits for its reply)."""
+
+    answered = False
+
+    def reply(self) -> None:
+        """Nothing to tell."""
+
+
 class Broker:
-    """State of one queue; every method runs under ``self.lock``."""
+    """State of one queue; every method runs under ``self.lock``.
+
+    The lock is re-entrant for one case, checked with :meth:`held_here`: the garbage
+    collector runs finalizers on whichever thread allocates, so a finalizer that puts
+    on this queue (torch's ``DataLoader`` iterator does) may run inside one of this
+    broker's own critical sections, on the thread holding the lock.
+    """
 
     def __init__(self, rt: Runtime, maxsize: int, joinable: bool) -> None:
         self.reactor = rt.reactor
         self.maxsize = maxsize
         self.joinable = joinable
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self.not_full = threading.Condition(self.lock)
         self.all_done = threading.Condition(self.lock)
         self.items: Deque[List[Any]] = collections.deque()
@@ -100,6 +116,22 @@ class Broker:
                 self.ready = ReadyFlag()
                 self.ready.update(bool(self.items))
             return self.ready
+
+    def held_here(self) -> bool:
+        """Whether this thread is inside one of this broker's critical sections."""
+        return self.lock._is_owned()
+
+    def add_later(self, frames: List[Any]) -> None:
+        """Add an item once the critical section this thread is in has ended (a put
+        from a finalizer run there: waiting for the lock would wait for itself). It
+        never blocks; on a full queue it waits for room in line with remote puts."""
+        def add() -> None:
+            with self.lock:
+                if self.full():
+                    self.putters.append((_FinalizerPut(), frames))
+                else:
+                    self.add(frames)
+        self.reactor.call_soon(add)
 
     # -- called with the lock held -------------------------------------------------
     def full(self) -> bool:
