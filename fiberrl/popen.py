@@ -325,10 +325,17 @@ class Popen:
                            self.reason or f"exit code {code}")
 
     def wait(self, timeout: Optional[float] = None) -> Optional[int]:
-        """Wait for the job to end; return its exit code, or None on timeout."""
+        """Wait for the job to end; return its exit code, or None on timeout.
+
+        On the I/O thread (a finalizer the garbage collector ran there, such as torch's
+        ``DataLoader`` iterator's, which joins its workers) this only looks: a job
+        still running may be waiting for this very thread, to serve its ``get`` or to
+        take what it sends, so waiting would stall every stream of the process for the
+        timeout, or for ever. None then, as on a timeout.
+        """
         if self.returncode is None:
             if self._service.runtime.reactor.in_loop():   # who would tell us? ask the backend
-                status = self.backend.wait(self.job, timeout=timeout)
+                status = self.backend.wait(self.job, timeout=0)
                 if status is None:
                     return None
             elif not self._ended.wait(timeout):

@@ -134,3 +134,41 @@ def test_worker_exception_reaches_the_caller():
 def test_timeout():
     with pytest.raises(RuntimeError, match="timed out"):
         _batches(_loader(Slow(), batch_size=1, timeout=2))
+
+
+def test_an_iterator_freed_on_the_io_thread_does_not_stall_it():
+    """The collector may free an abandoned iterator (one in a reference cycle, say a
+    traceback's) on fiberrl's I/O thread. Its ``__del__`` puts ``None`` for each
+    worker and joins it for up to 5 s; a worker still needs that very thread to get
+    its ``None``, so the joins used to stall every stream of the process 5 s per worker
+    (10 s here, past a job's 10 s set-up limit). A join there now only looks, and the
+    iterator terminates what is still running, as it does after its joins' timeout."""
+    import threading
+    import time
+
+    from fiberrl._runtime.runtime import runtime
+
+    loader = DataLoader(Squares(400), batch_size=4, num_workers=2,
+                        multiprocessing_context=fiberrl.get_context())
+    iterator = iter(loader)
+    next(iterator)
+    workers = list(iterator._workers)
+    holder = [iterator]
+    del iterator
+    took = []
+    done = threading.Event()
+
+    def free_it():
+        started = time.monotonic()
+        holder.clear()   # the iterator's last reference: its __del__ runs here
+        took.append(time.monotonic() - started)
+        done.set()
+
+    runtime().reactor.call_soon(free_it)
+    assert done.wait(60)
+    assert took[0] < 4.0, f"the I/O thread was held {took[0]:.1f} s"
+    for worker in workers:
+        worker.join(30)
+        assert not worker.is_alive()
+    assert [b["y"].tolist() for b in DataLoader(Squares(8), batch_size=4, num_workers=2,
+            multiprocessing_context=fiberrl.get_context())] == [[0, 1, 4, 9], [16, 25, 36, 49]]
