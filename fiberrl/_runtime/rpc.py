@@ -75,6 +75,20 @@ class Request:
                                *rest])
 
 
+class _KeptReply:
+    """Stands for the stream of a call the loop makes to its own services: the reply
+    is kept here instead of being sent."""
+
+    __slots__ = ("frames",)
+
+    def __init__(self) -> None:
+        self.frames: Optional[List[Any]] = None
+
+    def send(self, kind: bytes, frames: List[Any]) -> None:
+        """Keep the reply."""
+        self.frames = frames
+
+
 class RpcServer:
     """The services of one process, reached over its acceptor's ``"rpc"`` route."""
 
@@ -86,6 +100,33 @@ class RpcServer:
     def register(self, name: str, service: Service) -> None:
         """Route calls naming ``name`` to ``service(op, request)``."""
         self.services[name] = service
+
+    def serve_own_loop(self, address: Address) -> None:
+        """Answer in-process the calls that this process's loop makes to ``address``
+        (its own): over a stream, the loop would wait for itself to accept it. Such a
+        call comes from code the loop runs for others, a finalizer the garbage
+        collector ran there, say, which uses a pipe end for the first time."""
+        _loop_servers[tuple(address)] = self
+
+    def call_here(self, service: str, op: str, req_id: int, args: tuple,
+                  body: Sequence[Any]) -> Optional[Tuple[tuple, List[Any]]]:
+        """Serve one call of this process's loop to its own services, as a request
+        from a stream would be served; its reply ``(values, body)``, None for a cast.
+        ``RuntimeError`` if the service would answer later: the loop cannot wait."""
+        first, rest = pack_body(body)
+        kept = _KeptReply()
+        self._on_message(kept, _KIND,   # type: ignore[arg-type]
+                         [pickle.dumps((service, op, req_id, args, first), protocol=5), *rest])
+        if not req_id:
+            return None
+        if kept.frames is None:
+            raise RuntimeError(f"{service}.{op} waits for something to happen, and it was called "
+                               "on fiberrl's I/O thread (from a finalizer or a callback run "
+                               "there), which cannot wait")
+        _, status, values, reply_first = pickle.loads(kept.frames[0])
+        if status == "err":
+            raise values
+        return values, unpack_body(reply_first, list(kept.frames[1:]))
 
     def take(self, label: str, sock: socket.socket, send_key: bytes, recv_key: bytes,
              leftover: bytes) -> bool:
@@ -110,6 +151,16 @@ class RpcServer:
         except Exception as exc:  # report to the caller, keep serving
             logger.debug("service %s.%s raised", service_name, op, exc_info=True)
             request.fail(exc)
+
+
+#: this process's RPC servers by address, for the calls their own loop makes
+_loop_servers: Dict[tuple, RpcServer] = {}
+
+
+def _server_for_own_loop(address: tuple) -> Optional[RpcServer]:
+    """The server at ``address`` when it is this process's and this thread its loop."""
+    server = _loop_servers.get(address)
+    return server if server is not None and server.reactor.in_loop() else None
 
 
 _call_ids = itertools.count(1)
@@ -151,6 +202,10 @@ class RpcClient:
 
     def cast(self, service: str, op: str, *args: Any, body: Sequence[Any] = ()) -> None:
         """Send a one-way message to a service."""
+        server = _server_for_own_loop(self.address)
+        if server is not None:
+            server.call_here(service, op, 0, args, body)
+            return
         first, rest = pack_body(body)
         header = pickle.dumps((service, op, 0, args, first), protocol=5)
         try:
@@ -166,6 +221,9 @@ class RpcClient:
         reachable); the service's exception if it failed the call.
         """
         req_id = next(_call_ids)
+        server = _server_for_own_loop(self.address)
+        if server is not None:
+            return server.call_here(service, op, req_id, args, body)   # type: ignore[return-value]
         first, rest = pack_body(body)
         header = pickle.dumps((service, op, req_id, args, first), protocol=5)
         stream = self._stream()

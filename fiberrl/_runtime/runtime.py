@@ -41,6 +41,7 @@ class Runtime:
         self.acceptor = Acceptor(loop, host)
         self.address = self.acceptor.address
         self.rpc = RpcServer(loop)
+        self.rpc.serve_own_loop(self.address)
         self.acceptor.route("rpc", self.rpc.take)
         self.pid = os.getpid()
         logger.debug("runtime listening on %s:%s", *self.address)
