@@ -129,6 +129,11 @@ def measures_for(core, objects):
     return measures
 
 
+def round_here(core, objects):
+    """One round of every target in this process: ``{target: (p50, CPU)}``."""
+    return {name: measure() for name, measure in measures_for(core, objects).items()}
+
+
 def round_in(layout, same_core, objects):
     """One round of every target in a fresh bench process of ``layout``."""
     command = [sys.executable, os.path.abspath(__file__), "--one-round"]
@@ -172,7 +177,7 @@ def main():
     args = parser.parse_args()
     core = min(os.sched_getaffinity(0)) if args.same_core else None
     if args.one_round:   # (a round of --layouts, in its own process)
-        print(json.dumps({name: measure() for name, measure in measures_for(core, args.objects).items()}))
+        print(json.dumps(round_here(core, args.objects)))
         return
     print(describe(args.load) + (f"; both ends on core {core}" if args.same_core
                                  else "; ends placed by the scheduler"))
@@ -182,7 +187,7 @@ def main():
         for _ in range(args.rounds):
             for layout in layouts:
                 if args.layouts == "own":
-                    one = {name: measure() for name, measure in measures_for(core, args.objects).items()}
+                    one = round_here(core, args.objects)
                 else:
                     one = round_in(layout, args.same_core, args.objects)
                 for name, figures in one.items():
