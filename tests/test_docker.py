@@ -33,7 +33,26 @@ _WRITER = ("import sys\nfrom fiberrl._runtime import jobenv\njobenv.write_output
            "print('to stdout')\nprint('to stderr', file=sys.stderr)\n")
 
 
-def test_a_job_writes_its_output_into_the_file_it_is_given_if_it_sees_it(tmp_path):
+def test_a_job_writes_its_stdout_and_stderr_into_the_files_it_is_given(tmp_path):
+    import os
+    import sys
+    out_file, err_file = tmp_path / "job.out", tmp_path / "job.err"
+    out_file.write_text("")
+    err_file.write_text("")
+    env = dict(os.environ, FIBERRL_OUTPUT_FILE=str(out_file), FIBERRL_ERROR_FILE=str(err_file))
+    out = subprocess.run([sys.executable, "-c", _WRITER], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert (out.returncode, out.stdout, out.stderr) == (0, "", "")
+    assert (out_file.read_text(), err_file.read_text()) == ("to stdout\n", "to stderr\n")
+    # an error file that means another place to the job: stderr stays where it was
+    out_file.write_text("")
+    env["FIBERRL_ERROR_FILE"] = str(tmp_path / "elsewhere" / "job.err")
+    out = subprocess.run([sys.executable, "-c", _WRITER], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert (out.stdout, out.stderr, out_file.read_text()) == ("", "to stderr\n", "to stdout\n")
+
+
+def test_a_job_given_only_an_output_file_writes_both_streams_into_it(tmp_path):
     import os
     import sys
     given = tmp_path / "job.out"
@@ -190,6 +209,47 @@ def test_pid_namespace_setting_is_checked_at_init():
     assert fiberrl.config.get_config().backend == "local"
 
 
+def _print_to_both_streams(fail):
+    import sys
+    print("to the job's stdout", flush=True)
+    print("to the job's stderr", file=sys.stderr, flush=True)
+    if fail:
+        raise ValueError("the job's own error")
+
+
+def _wait_for_streams(capfd, texts, timeout):
+    """What was forwarded to this process's stdout and stderr until every one of
+    ``texts`` shows in one of them, or ``timeout``."""
+    out, err, deadline = "", "", time.monotonic() + timeout
+    while not all(t in out or t in err for t in texts) and time.monotonic() < deadline:
+        captured = capfd.readouterr()
+        out, err = out + captured.out, err + captured.err
+        time.sleep(0.05)
+    return out, err
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_jobs_stdout_goes_to_this_process_stdout_and_its_stderr_to_stderr(docker, capfd, fail):
+    """As a local child's streams do (the stdlib's too): a script run as ``script >
+    out.log 2> err.log`` gets each job's errors, its traceback too, in err.log."""
+    import os
+    proc = fiberrl.Process(target=_print_to_both_streams, args=(fail,))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == (1 if fail else 0)
+    texts = ["to the job's stdout", "to the job's stderr"] + (["ValueError"] if fail else [])
+    out, err = _wait_for_streams(capfd, texts, 10)
+    assert "to the job's stdout" in out and "to the job's stdout" not in err, (out, err)
+    assert "to the job's stderr" in err and "to the job's stderr" not in out, (out, err)
+    if fail:
+        assert "ValueError: the job's own error" in err and "ValueError" not in out, (out, err)
+    logs = proc.job_logs()
+    assert all(text in logs for text in texts), logs
+    data = proc._popen.job.data
+    assert pool_helpers.wait_until(
+        lambda: not os.path.exists(data.output) and not os.path.exists(data.error), 10)
+
+
 def _print_then_wait(text, seconds):
     print(text, flush=True)
     time.sleep(seconds)
@@ -248,7 +308,8 @@ def test_output_written_before_the_job_reached_its_file_is_forwarded_at_its_end(
     wrapper lives in a mounted directory: the run's PID-namespace holder, which runs
     ``docker_python`` too, gets the job's mounts (without them it could not start)."""
     wrapper = tmp_path / "python-wrapper.sh"
-    wrapper.write_text('#!/bin/sh\necho "from the wrapper"\nexec python3 "$@"\n')
+    wrapper.write_text('#!/bin/sh\necho "from the wrapper"\necho "wrapper error" >&2\n'
+                       'exec python3 "$@"\n')
     wrapper.chmod(0o755)
     extra = dict(fiberrl.config.get_config().extra, docker_python=str(wrapper))
     fiberrl.init(backend="docker", extra=extra)
@@ -256,8 +317,9 @@ def test_output_written_before_the_job_reached_its_file_is_forwarded_at_its_end(
     proc.start()
     proc.join(60)
     assert proc.exitcode == 0
-    seen = _wait_for_output(capfd, "from the wrapper", 10)
-    assert "from the wrapper" in seen and "from inside the container" in seen, seen
+    out, err = _wait_for_streams(capfd, ["from the wrapper", "wrapper error"], 10)
+    assert "from the wrapper" in out and "from inside the container" in out, out
+    assert "wrapper error" in err and "wrapper error" not in out, (out, err)
     logs = proc.job_logs()
     assert logs.index("from the wrapper") < logs.index("from inside the container"), logs
 
@@ -287,6 +349,30 @@ def test_the_output_follower_keeps_up_with_a_fast_writer_and_long_lines(tmp_path
     assert out.stdout == path.read_bytes(), (len(out.stdout), os.path.getsize(path))
 
 
+def test_the_output_follower_forwards_an_error_file_to_stderr(tmp_path):
+    import sys
+    from fiberrl.backends.output_files import OutputFollower
+    with pytest.raises(ValueError, match="descriptor 1 or 2"):
+        OutputFollower.follow(None, str(tmp_path / "x"), to_fd=3)
+    script = (
+        "import sys, time\n"
+        "from fiberrl.backends.output_files import OutputFollower\n"
+        "follower = OutputFollower()\n"
+        "follower.follow(sys.argv[1])\n"
+        "follower.follow(sys.argv[2], to_fd=2)\n"
+        "for path, text in zip(sys.argv[1:], (b'out line\\n', b'err line\\n')):\n"
+        "    with open(path, 'ab') as fh:\n"
+        "        fh.write(text)\n"
+        "time.sleep(0.6)\n"
+    )
+    paths = [tmp_path / "job.out", tmp_path / "job.err"]
+    for path in paths:
+        path.write_bytes(b"")
+    out = subprocess.run([sys.executable, "-c", script, *map(str, paths)], capture_output=True,
+                         timeout=60)
+    assert (out.returncode, out.stdout, out.stderr) == (0, b"out line\n", b"err line\n")
+
+
 def test_a_job_whose_output_file_cannot_be_made_keeps_its_output(docker, capfd, caplog):
     """The run's output directory removed under the backend: the job runs anyway, and its
     output, in Docker's own log, is forwarded and kept when it ends."""
@@ -312,8 +398,10 @@ def test_no_output_directory_streams_each_containers_log_instead(docker, capfd, 
     fiberrl.init(backend="docker", log_dir=str(blocked),
                  extra=fiberrl.config.get_config().extra)
     os.environ.pop("FIBERRL_DOCKER_OUTPUT_DIR", None)
-    proc = fiberrl.Process(target=_print_and_exit, args=(0,))
+    proc = fiberrl.Process(target=_print_to_both_streams, args=(False,))
     proc.start()
     proc.join(60)
     assert proc.exitcode == 0
-    assert "from inside the container" in _wait_for_output(capfd, "from inside the container", 10)
+    out, err = _wait_for_streams(capfd, ["to the job's stdout", "to the job's stderr"], 10)
+    assert "to the job's stdout" in out and "to the job's stdout" not in err, (out, err)
+    assert "to the job's stderr" in err and "to the job's stderr" not in out, (out, err)

@@ -21,9 +21,12 @@ JOB_ENV = "FIBERRL_JOB_NAME"
 #: parent (what started it may pace further starts on it: Slurm's warm host jobs)
 STARTED_ENV = "FIBERRL_STARTED_FD"
 
-#: a file the job's stdout and stderr go to, made by whoever started it (the Docker
-#: backend on a local dockerd, which follows it: :mod:`fiberrl.backends.output_files`)
+#: a file the job's stdout goes to, made by whoever started it (the Docker backend on
+#: a local dockerd, which follows it: :mod:`fiberrl.backends.output_files`)
 OUTPUT_FILE_ENV = "FIBERRL_OUTPUT_FILE"
+#: a file the job's stderr goes to, made and followed likewise (without it, stderr
+#: goes where stdout does)
+ERROR_FILE_ENV = "FIBERRL_ERROR_FILE"
 
 _current_token: Optional[str] = None
 #: this process's id, kept right across ``os.fork``: ``os.getpid()`` without its system
@@ -97,22 +100,32 @@ def shipping_token() -> Optional[str]:
 
 
 def write_output_to_file() -> None:
-    """Send this job's stdout and stderr to :data:`OUTPUT_FILE_ENV`'s file, if it names
-    one that exists here (it does not when the path means another place to whoever
-    made it: the output then stays on the job's own streams)."""
-    path = os.environ.pop(OUTPUT_FILE_ENV, None)
-    if not path:
-        return
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)   # made by the parent: not created here
-    except OSError:
-        return
+    """Send this job's stdout to :data:`OUTPUT_FILE_ENV`'s file and its stderr to
+    :data:`ERROR_FILE_ENV`'s (to stdout's file when that is not set), each if it names
+    a file that exists here (it does not when the path means another place to whoever
+    made it: that stream then stays where it was)."""
+    out_fd = _open_given(os.environ.pop(OUTPUT_FILE_ENV, None))
+    error_path = os.environ.pop(ERROR_FILE_ENV, None)
+    err_fd = out_fd if error_path is None else _open_given(error_path)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    for fd, target in ((out_fd, 1), (err_fd, 2)):
+        if fd is not None:
+            os.dup2(fd, target)
+    for fd in {out_fd, err_fd} - {None}:
+        os.close(fd)
+
+
+def _open_given(path: Optional[str]) -> Optional[int]:
+    """A descriptor appending to ``path``, made by the job's parent (not created here),
+    or None if there is no such path or it is not here."""
+    if not path:
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | os.O_APPEND)
+    except OSError:
+        return None
 
 
 def job_request(env: Dict[str, str], cwd: Optional[str]) -> Dict[str, Any]:

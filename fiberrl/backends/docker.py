@@ -27,14 +27,15 @@
   container (``docker_pid.py``, setting ``docker_pid_namespace``), so pids are unique
   within the run and ``Process.pid`` is the job's ``os.getpid()``.
 - Output (``docker_forward_output``, default true): with dockerd on this host, a job
-  writes its stdout and stderr into a file of the run's output directory, mounted
-  at the same path in every job (so a job's own Docker jobs use it too), and this
-  process's one :mod:`.output_files` thread forwards it live: no descriptor or
+  writes its stdout and its stderr into two files of the run's output directory,
+  mounted at the same path in every job (so a job's own Docker jobs use it too), and
+  this process's one :mod:`.output_files` thread forwards them live, to this
+  process's stdout and stderr, as a local child's streams are: no descriptor or
   thread per container, and whatever a job wrote before it was killed is kept.
-  What a job wrote before it reached its file (an interpreter that could not start)
-  is in the container's own log, forwarded when the job ends. With a remote dockerd
-  (``DOCKER_HOST`` not a local socket) each container's log is streamed instead.
-  ``logs``: both, the container's log first.
+  What a job wrote before it reached its files (an interpreter that could not start)
+  is in the container's own log, forwarded stream by stream when the job ends. With
+  a remote dockerd (``DOCKER_HOST`` not a local socket) each container's stdout and
+  stderr are streamed instead. ``logs``: all of it, the container's log first.
 """
 from __future__ import annotations
 
@@ -48,9 +49,9 @@ import socket
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from .._runtime.jobenv import OUTPUT_FILE_ENV
+from .._runtime.jobenv import ERROR_FILE_ENV, OUTPUT_FILE_ENV
 from ..config import DEFAULT_IMAGE, get_config
 from ..errors import BackendError
 from . import addresses, output_files
@@ -84,7 +85,8 @@ class _ContainerData:
     final: Optional[JobStatus] = None
     tail: str = ""
     pid_holder: Optional[str] = None  # the holder container whose namespace it joined
-    output: Optional[str] = None      # the file its stdout and stderr go to, if any
+    output: Optional[str] = None      # the file its stdout goes to, if any
+    error: Optional[str] = None       # the file its stderr goes to, if any
 
 
 def exit_status(state: Mapping[str, Any]) -> JobStatus:
@@ -133,26 +135,30 @@ def _output_dir(log_dir: Optional[str]) -> Optional[str]:
     return path
 
 
-def _with_file_tail(text: str, path: str, lines: int) -> str:
-    """A container's own log ``text`` followed by the last ``lines`` lines of its output
-    file ``path``."""
-    return "\n".join(filter(None, [text.rstrip("\n"), output_files.file_tail(path, lines)]))
+def _with_file_tails(text: str, paths: List[Optional[str]], lines: int) -> str:
+    """A container's own log ``text`` followed by the last ``lines`` lines of each of its
+    output files ``paths`` (stdout's, then stderr's; None where it has none)."""
+    tails = [output_files.file_tail(path, lines) for path in paths if path is not None]
+    return "\n".join(filter(None, [text.rstrip("\n"), *tails]))
 
 
 class _OutputForwarder:
-    """Streams each container's log to this process's stdout, one thread per container
+    """Streams each container's stdout and stderr to this process's, a thread per stream
     (for a remote dockerd, whose jobs cannot share a file with this process)."""
 
     def follow(self, container: Any) -> None:
-        thread = threading.Thread(target=self._pump, args=(container,), daemon=True,
-                                  name=f"fiberrl-docker-output-{container.name}")
-        thread.start()
+        """Forward ``container``'s two streams until it is removed."""
+        for to_fd, stream in ((1, "stdout"), (2, "stderr")):
+            thread = threading.Thread(target=self._pump, args=(container, to_fd), daemon=True,
+                                      name=f"fiberrl-docker-{stream}-{container.name}")
+            thread.start()
 
     @staticmethod
-    def _pump(container: Any) -> None:
+    def _pump(container: Any, to_fd: int) -> None:
         try:
-            for chunk in container.logs(stream=True, follow=True):
-                os.write(1, chunk)
+            for chunk in container.logs(stream=True, follow=True, stdout=to_fd == 1,
+                                        stderr=to_fd == 2):
+                os.write(to_fd, chunk)
         except Exception:  # the container was removed: its output is over
             logger.debug("output of %s ended", container.name, exc_info=True)
 
@@ -194,43 +200,50 @@ class DockerBackend(Backend):
         image = spec.image or self._image
         self._ensure_image(image)
         options = self._run_options(spec)
-        output = self._output_file(options)
+        output, error = self._output_files(options)
         try:
             container = self._run_container(image, spec, options)
         except BaseException:
-            if output is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(output)
+            _remove_files(output, error)
             raise
         holder = options.get("pid_mode", "").partition("container:")[2] or None
         job = Job(id=container.name, backend=self.name, spec=spec, host=container.short_id,
-                  data=_ContainerData(container, pid_holder=holder, output=output))
+                  data=_ContainerData(container, pid_holder=holder, output=output,
+                                      error=error))
         if holder:
             self._pid_namespace.joined(container.name)
         if output is not None:
             self._follower.follow(output)
+            self._follower.follow(error, to_fd=2)
         if self._forwarder is not None:
             self._forwarder.follow(container)
         logger.debug("started container %s (%s) for %s", container.name, image, spec.name)
         return job
 
-    def _output_file(self, options: Dict[str, Any]) -> Optional[str]:
-        """Make the file the job's output goes to, and tell the job (None if not following
-        files). Made here, so that a job that cannot see it (a path that means another
-        place to it) keeps writing its own log rather than a file nobody reads."""
+    def _output_files(self, options: Dict[str, Any]) -> Tuple[Optional[str], Optional[str]]:
+        """Make the files the job's stdout and stderr go to, and tell the job ((None, None)
+        if not following files). Made here, so that a job that cannot see them (a path
+        that means another place to it) keeps writing its own log rather than files
+        nobody reads."""
         if self._output_dir is None:
-            return None
-        path = os.path.join(self._output_dir, f"{options['name']}.out")
+            return None, None
+        made: List[str] = []
         try:
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            for suffix in (".out", ".err"):
+                path = os.path.join(self._output_dir, options["name"] + suffix)
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                made.append(path)
         except OSError as exc:   # (a full disk, a removed directory) its own log instead
             logger.warning("no output file for %s (%s): its output is forwarded when it "
                            "ends", options["name"], exc)
-            return None
-        options["environment"].update({OUTPUT_FILE_ENV: path, OUTPUT_DIR_ENV: self._output_dir})
+            _remove_files(*made)
+            return None, None
+        output, error = made
+        options["environment"].update({OUTPUT_FILE_ENV: output, ERROR_FILE_ENV: error,
+                                       OUTPUT_DIR_ENV: self._output_dir})
         options.setdefault("volumes", {})[self._output_dir] = {"bind": self._output_dir,
                                                                "mode": "rw"}
-        return path
+        return output, error
 
     def _run_container(self, image: str, spec: JobSpec, options: Dict[str, Any]) -> Any:
         """The job's container, started in the run's PID namespace if so configured (a
@@ -354,25 +367,32 @@ class DockerBackend(Backend):
         return status
 
     def _keep_tail_and_remove(self, data: _ContainerData) -> None:
-        try:
-            own_log = data.container.logs(tail=_TAIL_KEPT)
-        except self._docker.errors.APIError as exc:
-            logger.debug("log of container %s: %s", data.container.name, exc)
-            own_log = b""
-        data.tail = own_log.decode("utf-8", "replace")
-        if own_log and self._follower is not None:
-            # not forwarded yet: written before the job reached its file, or it had none
-            try:
-                os.write(1, own_log)
-            except OSError:
-                pass
+        own_logs = [self._own_log(data, stdout=to_fd == 1, stderr=to_fd == 2)
+                    for to_fd in (1, 2)]
+        data.tail = b"".join(own_logs).decode("utf-8", "replace")
+        for to_fd, own_log in zip((1, 2), own_logs):
+            if own_log and self._follower is not None:
+                # not forwarded yet: written before the job reached its files, or it had none
+                try:
+                    os.write(to_fd, own_log)
+                except OSError:
+                    pass
         if data.output is not None:
-            data.tail = _with_file_tail(data.tail, data.output, _TAIL_KEPT)
+            data.tail = _with_file_tails(data.tail, [data.output, data.error], _TAIL_KEPT)
             self._follower.finish(data.output, remove=True)
+            self._follower.finish(data.error, remove=True)
         try:
             data.container.remove(force=True)
         except self._docker.errors.APIError as exc:
             logger.debug("removing container %s: %s", data.container.name, exc)
+
+    def _own_log(self, data: _ContainerData, stdout: bool, stderr: bool) -> bytes:
+        """The last lines of the container's own log, of the streams asked for."""
+        try:
+            return data.container.logs(tail=_TAIL_KEPT, stdout=stdout, stderr=stderr)
+        except self._docker.errors.APIError as exc:
+            logger.debug("log of container %s: %s", data.container.name, exc)
+            return b""
 
     def terminate(self, job: Job, force: bool = False) -> None:
         data: _ContainerData = job.data
@@ -394,7 +414,7 @@ class DockerBackend(Backend):
             except self._docker.errors.APIError:
                 text = data.tail
             if data.output is not None:
-                text = _with_file_tail(text, data.output, tail)
+                text = _with_file_tails(text, [data.output, data.error], tail)
         return "\n".join(text.splitlines()[-tail:])
 
     def listen_host(self) -> str:
@@ -432,3 +452,11 @@ class DockerBackend(Backend):
             self._client.close()
         except Exception:
             pass
+
+
+def _remove_files(*paths: Optional[str]) -> None:
+    """Delete the files made for a job that did not start (None: none made)."""
+    for path in paths:
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)

@@ -5,7 +5,8 @@ A job writing into a file keeps all it wrote, even if it is killed a moment late
 each write is the kernel's at once, with no thread of the job's copying it and no
 descriptor of ours held per job. One thread per process (``fiberrl-output-files``)
 looks at every followed file five times a second and writes the whole lines that
-grew there to this process's stdout. When its job ends, the rest (a last line
+grew there to this process's stdout, or its stderr for a file that holds a job's
+stderr. When its job ends, the rest (a last line
 without its newline too) is forwarded, and the file is dropped once it has not grown
 for half a second (deleted too, if the backend asks).
 """
@@ -38,10 +39,12 @@ class _Followed:
     drop: Optional["re.Pattern[bytes]"] = None   # lines not forwarded
     ended_at: Optional[float] = None
     remove: bool = False
+    to_fd: int = 1                                # this process's stdout, or stderr (2)
 
 
 class OutputFollower:
-    """Forwards what running jobs write into their output files to this process's stdout."""
+    """Forwards what running jobs write into their output files to this process's stdout
+    (and what they write into their error files to its stderr)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -50,10 +53,14 @@ class OutputFollower:
                                         daemon=True)
         self._thread.start()
 
-    def follow(self, path: str, drop: Optional["re.Pattern[bytes]"] = None) -> None:
-        """Forward the lines written to ``path`` from now on (but those ``drop`` matches)."""
+    def follow(self, path: str, drop: Optional["re.Pattern[bytes]"] = None,
+               to_fd: int = 1) -> None:
+        """Forward the lines written to ``path`` from now on (but those ``drop`` matches)
+        to this process's descriptor ``to_fd``: 1 (stdout) or 2 (stderr)."""
+        if to_fd not in (1, 2):
+            raise ValueError(f"output is forwarded to descriptor 1 or 2, not {to_fd!r}")
         with self._lock:
-            self._files.setdefault(path, _Followed(drop=drop))
+            self._files.setdefault(path, _Followed(drop=drop, to_fd=to_fd))
 
     def finish(self, path: str, remove: bool = False) -> None:
         """The job writing ``path`` ended: forward what is left, then stop following it
@@ -105,7 +112,7 @@ class OutputFollower:
                 chunk = b"".join(line for line in chunk.splitlines(keepends=True)
                                  if not followed.drop.match(line))
             try:
-                os.write(1, chunk)
+                os.write(followed.to_fd, chunk)
             except OSError:
                 pass
         elif ended_at is not None and time.monotonic() - ended_at > SETTLE:
