@@ -135,6 +135,35 @@ def test_failed_job_reason_and_log(slurm):
     assert "last words of the job" in proc.job_logs()
 
 
+def _print_to_both_streams(fail):
+    print("to the job's stdout", flush=True)
+    print("to the job's stderr", file=sys.stderr, flush=True)
+    if fail:
+        raise ValueError("the job's own error")
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_jobs_stdout_goes_to_this_process_stdout_and_its_stderr_to_stderr(slurm, capfd, fail):
+    """As a local child's streams do: ``script > out.log 2> err.log`` gets each job's
+    errors, its traceback too, in err.log."""
+    proc = fiberrl.Process(target=_print_to_both_streams, args=(fail,))
+    proc.start()
+    proc.join(90)
+    assert proc.exitcode == (1 if fail else 0)
+    texts = ["to the job's stdout", "to the job's stderr"] + (["ValueError"] if fail else [])
+    out, err, deadline = "", "", time.monotonic() + 10
+    while not all(t in out or t in err for t in texts) and time.monotonic() < deadline:
+        captured = capfd.readouterr()
+        out, err = out + captured.out, err + captured.err
+        time.sleep(0.05)
+    assert "to the job's stdout" in out and "to the job's stdout" not in err, (out, err)
+    assert "to the job's stderr" in err and "to the job's stderr" not in out, (out, err)
+    if fail:
+        assert "ValueError: the job's own error" in err and "ValueError" not in out, (out, err)
+    logs = proc.job_logs()
+    assert all(text in logs for text in texts), logs
+
+
 def _report_pid(queue):
     queue.put(os.getpid())
 
@@ -230,10 +259,17 @@ import fiberrl
 def where(_):
     return os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
 
+def speak(i):
+    import time
+    print("STEP OUT", i, flush=True)
+    print("STEP ERR", i, file=sys.stderr, flush=True)
+    time.sleep(1.0)   # forwarded while the step runs
+
 if __name__ == "__main__":
     with fiberrl.Pool(3) as pool:
         seen = set(pool.map(where, range(30), 1))
         ids = [w.job_id for w in pool.workers()]
+        pool.map(speak, range(3), 1)
     print("ALLOCATION", os.environ["SLURM_JOB_ID"])
     print("SEEN", sorted(seen))
     print("IDS", ids)
@@ -243,11 +279,11 @@ if __name__ == "__main__":
 def test_inside_an_allocation_the_backend_is_slurm_and_workers_are_job_steps(slurm, tmp_path):
     master = tmp_path / "master.py"
     master.write_text(ALLOCATION_MASTER)
-    out = tmp_path / "master.out"
+    out, err = tmp_path / "master.out", tmp_path / "master.err"
     env = {**os.environ, "PYTHONPATH": os.getcwd()}  # no FIBERRL_BACKEND: detected
     env.pop("FIBERRL_BACKEND", None)
     job = subprocess.run(["sbatch", "--parsable", "--wait", "-c", "4", "--mem=2G", f"--output={out}",
-                          "--wrap", f"{sys.executable} {master}"],
+                          f"--error={err}", "--wrap", f"{sys.executable} {master}"],
                          env=env, capture_output=True, text=True, timeout=240)
     text = out.read_text()
     assert job.returncode == 0, job.stderr + text
@@ -256,6 +292,10 @@ def test_inside_an_allocation_the_backend_is_slurm_and_workers_are_job_steps(slu
     assert {job_id for job_id, _ in seen} == {allocation}  # no new job: steps of the master's
     assert all(step not in (None, "batch") for _, step in seen)
     assert eval(text.split("IDS ")[1].splitlines()[0])[0].startswith(f"{allocation}:")
+    errors = err.read_text()   # each step's stderr reaches the master's stderr
+    assert all(f"STEP OUT {i}" in text and f"STEP ERR {i}" in errors for i in range(3)), \
+        (text, errors)
+    assert "STEP ERR" not in text and "STEP OUT" not in errors, (text, errors)
 
 
 # -- two nodes ----------------------------------------------------------------------------

@@ -168,6 +168,8 @@ JOB = """
 import os, sys, time
 out, index = os.environ["OUT"], os.environ["IDX"]
 open(os.path.join(out, index + ".start"), "w").write(repr(time.monotonic()))
+print("job out", index, flush=True)
+print("job err", index, file=sys.stderr, flush=True)
 time.sleep(0.3)
 open(os.path.join(out, index + ".up"), "w").write(repr(time.monotonic()))
 os.write(int(os.environ["FIBERRL_STARTED_FD"]), b"1")
@@ -195,6 +197,9 @@ def test_the_agent_paces_its_starts_forwards_kills_and_records_exits(tmp_path):
     for start, _ in spans:   # never more than 2 started and not yet up
         assert sum(1 for s, up in spans if s <= start < up) <= 2, spans
     assert "exec'ing them" in done.stderr   # not fiberrl jobs: no fork server for them
+    for i in range(5):   # each job's stdout and stderr in files of their own
+        assert (task_dir / f"w{i}.out").read_text() == f"job out {i}\n"
+        assert (task_dir / f"w{i}.err").read_text() == f"job err {i}\n"
 
 
 ALLOCATION_MASTER = """
@@ -214,6 +219,11 @@ def forked(pid):
     parent = psutil.Process(pid).parent()
     return parent is not None and "fiberrl.backends.local" in " ".join(parent.cmdline())
 
+def speak(i):
+    print("WORKER OUT", i, flush=True)
+    print("WORKER ERR", i, file=sys.stderr, flush=True)
+    return i
+
 if __name__ == "__main__":
     with fiberrl.Pool(4, workers_per_job=2) as pool:
         seen = set()
@@ -230,6 +240,8 @@ if __name__ == "__main__":
         print("RESULTS_OK", result.get(timeout=120) == [i * i for i in range(40)], flush=True)
         print("SIBLINGS_ALIVE", all(psutil.pid_exists(p) for p in pids[1:]), flush=True)
         print("DEATHS", pool.stats().worker_deaths, flush=True)
+        pool.map(speak, range(4), 1)
+        time.sleep(1.0)   # forwarded while the workers run
 """
 
 
@@ -237,13 +249,14 @@ def test_inside_an_allocation_workers_are_forked_by_host_job_steps(tmp_path):
     conf = slurm_cluster.up("single")
     master = tmp_path / "master.py"
     master.write_text(ALLOCATION_MASTER)
-    out = tmp_path / "master.out"
+    out, err = tmp_path / "master.out", tmp_path / "master.err"
     env = {**os.environ, "SLURM_CONF": conf,
            "PYTHONPATH": os.pathsep.join([str(MASTER.parent.parent), os.environ.get("PYTHONPATH", "")])}
     env.pop("FIBERRL_BACKEND", None)   # detected: inside an allocation
     try:
         job = subprocess.run(["sbatch", "--parsable", "--wait", "-c", "4", "--mem=2G",
-                              f"--output={out}", "--wrap", f"{sys.executable} {master}"],
+                              f"--output={out}", f"--error={err}",
+                              "--wrap", f"{sys.executable} {master}"],
                              env=env, capture_output=True, text=True, timeout=300)
     finally:
         slurm_cluster.assert_no_live_jobs(conf, grace=30)
@@ -260,6 +273,10 @@ def test_inside_an_allocation_workers_are_forked_by_host_job_steps(tmp_path):
     assert _line(text, "FORKED") == "True", text
     assert _line(text, "RESULTS_OK") == "True" and _line(text, "SIBLINGS_ALIVE") == "True", text
     assert _line(text, "DEATHS") == "1", text
+    errors = err.read_text()   # forked workers' stderr reaches the master's stderr
+    assert all(f"WORKER OUT {i}" in text and f"WORKER ERR {i}" in errors for i in range(4)), \
+        (text, errors)
+    assert "WORKER ERR" not in text and "WORKER OUT" not in errors, (text, errors)
 
 
 def test_backends_share_one_log_follower_thread(monkeypatch, tmp_path):

@@ -14,9 +14,10 @@
   NODE_FAIL, out of memory, PREEMPTED); ``sacct`` when Slurm has forgotten a job.
 - ``terminate``: ``scancel`` (SIGTERM, then SIGKILL after the cluster's KillWait);
   ``force``: ``scancel --signal=KILL``.
-- ``logs``: each job writes to a file under the run's log directory (on a file
-  system the nodes share); its new lines are forwarded to this process's stdout, as
-  the local backend does, unless the ``slurm_forward_output`` setting is false.
+- ``logs``: each job writes its stdout and its stderr to two files under the run's
+  log directory (on a file system the nodes share); their new lines are forwarded to
+  this process's stdout and stderr, as the local backend does, unless the
+  ``slurm_forward_output`` setting is false.
 
 Settings (``fiberrl.init(extra={...})`` or ``FIBERRL_EXTRA``): ``slurm_partition``,
 ``slurm_account``, ``slurm_qos``, ``slurm_time_limit``, ``slurm_options`` (see
@@ -59,7 +60,8 @@ SUBMITTED_ENV = "FIBERRL_SLURM_SUBMITTED"
 class _JobData:
     """The backend's private state for one job."""
 
-    log: str
+    log: str                                 # the file its stdout goes to
+    errors: Optional[str] = None             # the file its stderr goes to (None: log)
     step: Optional[subprocess.Popen] = None  # the srun client of a job step
     step_name: str = ""
     killed: bool = False
@@ -150,8 +152,9 @@ class SlurmBackend(Backend):
         with open(os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700), "w") as fh:
             fh.write(slurm_submit.batch_script(specs, shared))
         array = len(specs) > 1
-        pattern = os.path.join(self.run_dir, "%A_%a.out" if array else "%j.out")
-        command = slurm_submit.sbatch_command(specs, script, pattern, self._extra)
+        pattern = os.path.join(self.run_dir, "%A_%a" if array else "%j")
+        command = slurm_submit.sbatch_command(specs, script, pattern + ".out", self._extra,
+                                              error_pattern=pattern + ".err")
         env = {**os.environ, **shared, SUBMITTED_ENV: "1"}
         try:
             out = run_slurm(command, env=env)
@@ -166,11 +169,10 @@ class SlurmBackend(Backend):
         self._table.track(ids, base_id)
         jobs = []
         for job_id, spec in zip(ids, specs):
-            log = os.path.join(self.run_dir, f"{job_id}.out")
-            jobs.append(Job(id=job_id, backend=self.name, spec=spec,
-                            data=_JobData(log=log)))
-            if self._follower is not None:
-                self._follower.follow(log, drop=_CANCEL_NOTICE)
+            data = _JobData(log=os.path.join(self.run_dir, f"{job_id}.out"),
+                            errors=os.path.join(self.run_dir, f"{job_id}.err"))
+            jobs.append(Job(id=job_id, backend=self.name, spec=spec, data=data))
+            self._follow(data)
         logger.debug("submitted %s (%d job(s)) for %s", base_id, len(ids), specs[0].name)
         return jobs
 
@@ -206,12 +208,12 @@ class SlurmBackend(Backend):
             warm.remember_host(self.run_dir, host.id, task_dir)
             forked = []
             for index, spec in enumerate(group):
-                log = warm.log_path(task_dir, index)
                 slot = warm.WarmSlot(host=host.id, task_dir=task_dir, index=index)
+                data = _JobData(log=warm.log_path(task_dir, index),
+                                errors=warm.error_path(task_dir, index), warm=slot)
                 forked.append(Job(id=f"{host.id}.{index}", backend=self.name, spec=spec,
-                                  data=_JobData(log=log, warm=slot)))
-                if self._follower is not None:
-                    self._follower.follow(log, drop=_CANCEL_NOTICE)
+                                  data=data))
+                self._follow(data)
             with self._lock:
                 self._hosts[host.id] = forked
             jobs += forked
@@ -222,9 +224,11 @@ class SlurmBackend(Backend):
         """A job step of the allocation this process runs in (``srun --exact``)."""
         step_name = f"{slurm_submit.job_name(spec)}-{uuid.uuid4().hex[:8]}"
         log = os.path.join(self.run_dir, f"{self._allocation}-{step_name}.out")
+        errors = log[:-len(".out")] + ".err"
         step_spec = JobSpec(**{**spec.__dict__, "name": step_name})
         command = slurm_submit.srun_command(step_spec, self._allocation, log,
-                                            slurm_submit.allocation_mem_per_cpu(os.environ))
+                                            slurm_submit.allocation_mem_per_cpu(os.environ),
+                                            error_path=errors)
         try:
             srun = subprocess.Popen(command, env={**os.environ, **spec.env}, cwd=spec.cwd,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -232,10 +236,17 @@ class SlurmBackend(Backend):
         except OSError as exc:
             raise BackendError(f"could not run srun for {spec.name!r}: {exc}") from exc
         job = Job(id=f"{self._allocation}:{step_name}", backend=self.name, spec=spec,
-                  data=_JobData(log=log, step=srun, step_name=step_name))
-        if self._follower is not None:
-            self._follower.follow(log, drop=_CANCEL_NOTICE)
+                  data=_JobData(log=log, errors=errors, step=srun, step_name=step_name))
+        self._follow(job.data)
         return job
+
+    def _follow(self, data: _JobData) -> None:
+        """Forward a new job's stdout and stderr files as they grow (Slurm's own notice
+        of a cancel left out: the job's end is reported, not printed)."""
+        if self._follower is not None:
+            self._follower.follow(data.log, drop=_CANCEL_NOTICE)
+            if data.errors is not None:
+                self._follower.follow(data.errors, drop=_CANCEL_NOTICE, to_fd=2)
 
     # -- watching -------------------------------------------------------------------
     def status(self, job: Job) -> JobStatus:
@@ -261,7 +272,7 @@ class SlurmBackend(Backend):
         status = status_of(record, killed=data.killed)
         if status.state is JobState.RUNNING and job.host is None:
             job.host = record.get("NodeList") or None
-        if status.state is JobState.FAILED and self._log_says_oom(data.log):
+        if status.state is JobState.FAILED and self._log_says_oom(data):
             status = status_of(record, killed=data.killed, oom=True)
         if status.state.finished:
             self._table.finished(job.id, record)
@@ -283,7 +294,8 @@ class SlurmBackend(Backend):
             with self._lock:
                 self._hosts.pop(slot.host, None)
             if self._follower is not None:
-                self._follower.finish(os.path.join(self.run_dir, f"{slot.host}.out"))
+                for suffix in (".out", ".err"):
+                    self._follower.finish(os.path.join(self.run_dir, slot.host + suffix))
         elif host is not None and host.state is JobState.RUNNING and job.host is None:
             job.host = record.get("NodeList") or None
         return slot.status(host, killed=job.data.killed)
@@ -298,7 +310,7 @@ class SlurmBackend(Backend):
             sig = code - 128
             reason = f"step killed by signal {sig} ({signal.Signals(sig).name})" if sig in \
                 signal.valid_signals() else f"srun exit code {code}"
-            if self._log_says_oom(data.log):
+            if self._log_says_oom(data):
                 reason = "out of memory: Slurm killed the step for using more than its --mem"
             return JobStatus(JobState.FAILED, -sig, reason)
         if code == 0:
@@ -307,20 +319,27 @@ class SlurmBackend(Backend):
                          f"exit code {code}")
 
     @staticmethod
-    def _log_says_oom(path: str) -> bool:
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, fh.tell() - 8192))
-                tail = fh.read()
-        except OSError:
-            return False
-        return b"exceeded memory limit" in tail or b"oom-kill" in tail.lower()
+    def _log_says_oom(data: _JobData) -> bool:
+        """Whether Slurm wrote that it killed the job for its memory (slurmstepd writes
+        to the job's stderr file; to its one file when it has one)."""
+        for path in filter(None, (data.errors, data.log)):
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(0, os.SEEK_END)
+                    fh.seek(max(0, fh.tell() - 8192))
+                    tail = fh.read()
+            except OSError:
+                continue
+            if b"exceeded memory limit" in tail or b"oom-kill" in tail.lower():
+                return True
+        return False
 
     def _job_ended(self, job: Job) -> None:
         data: _JobData = job.data
         if self._follower is not None:
             self._follower.finish(data.log)
+            if data.errors is not None:
+                self._follower.finish(data.errors)
 
     def wait(self, job: Job, timeout: Optional[float] = None) -> Optional[JobStatus]:
         data: _JobData = job.data
@@ -450,19 +469,23 @@ class SlurmBackend(Backend):
         self._table.track([host_id], host_id.split("_")[0])
         spec = JobSpec(command=[], name=fields.get("JobName", job_id))
         if forked is None:
+            out, err = fields.get("StdOut", ""), fields.get("StdErr", "")
             return Job(id=job_id, backend=self.name, spec=spec,
-                       data=_JobData(log=fields.get("StdOut", "")))
+                       data=_JobData(log=out, errors=err if err and err != out else None))
         run_dir = os.path.dirname(fields.get("StdOut", ""))
         task_dir = warm.remembered_task_dir(run_dir, host_id)
         if task_dir is None or forked[1] >= warm.forked_count(task_dir):
             raise BackendError(f"Slurm job {host_id} forks no fiberrl job {job_id!r}")
         slot = warm.WarmSlot(host=host_id, task_dir=task_dir, index=forked[1])
         return Job(id=job_id, backend=self.name, spec=spec,
-                   data=_JobData(log=warm.log_path(task_dir, forked[1]), warm=slot))
+                   data=_JobData(log=warm.log_path(task_dir, forked[1]),
+                                 errors=warm.error_path(task_dir, forked[1]), warm=slot))
 
     # -- the rest ---------------------------------------------------------------------
     def logs(self, job: Job, tail: int = 50) -> str:
-        return output_files.file_tail(job.data.log, tail)
+        data: _JobData = job.data
+        tails = [output_files.file_tail(path, tail) for path in (data.log, data.errors) if path]
+        return "\n".join("\n".join(filter(None, tails)).splitlines()[-tail:])
 
     def listen_host(self) -> str:
         """See :mod:`.addresses`; outside a job, the address of the default route (what

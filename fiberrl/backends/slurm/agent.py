@@ -4,7 +4,8 @@ What a Slurm host job runs (see :mod:`.warm` for the files and the master's side
 Data flow, all in this one process, one thread::
 
     TASK_DIR/workers.json --> start the local fork server (fiberrl and the pool worker
-                              imported once) --> one fork per job, output to w<n>.out,
+                              imported once) --> one fork per job, its stdout to
+                              w<n>.out and its stderr to w<n>.err,
                               at most max_starting of them not yet connected to the
                               master (each says so on a pipe: FIBERRL_STARTED_FD)
     every POLL s: w<n>.kill<SIG> files --> signal job n;  jobs that ended --> w<n>.exit
@@ -28,7 +29,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from ..._runtime.jobenv import STARTED_ENV
+from ..._runtime.jobenv import ERROR_FILE_ENV, STARTED_ENV
 from ...errors import ForkServerError
 from ..local.forkserver_client import ForkServer, forkable, set_preload
 from . import warm
@@ -116,9 +117,13 @@ class _Agent:
     def _start(self, index: int, job: Dict[str, Any]) -> Any:
         started_r, started_w = os.pipe()
         self.starting[index] = started_r
-        env = {**os.environ, **job["env"], STARTED_ENV: str(started_w)}
-        log = os.open(warm.log_path(self.dir, index), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                      0o600)
+        errors_path = warm.error_path(self.dir, index)
+        # a forked job points its stderr at its file itself (fiberrl.spawn), as a
+        # Docker job does: the fork server gives it one descriptor for both streams
+        env = {**os.environ, **job["env"], STARTED_ENV: str(started_w),
+               ERROR_FILE_ENV: errors_path}
+        log, errors = (os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                       for path in (warm.log_path(self.dir, index), errors_path))
         try:
             if self.server is not None and self.server.serves(env):
                 try:
@@ -128,13 +133,14 @@ class _Agent:
                     logger.warning("job %d: the fork server failed (%s); exec'ing it",
                                    index, exc)
             return subprocess.Popen(job["command"], env=env, cwd=self.request["cwd"],
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=errors,
                                     pass_fds=(started_w,))
         except OSError as exc:   # it cannot run here at all: say so in its own log
-            os.write(log, f"fiberrl host job: cannot start this job: {exc}\n".encode())
+            os.write(errors, f"fiberrl host job: cannot start this job: {exc}\n".encode())
             return _NeverStarted()
         finally:
             os.close(log)
+            os.close(errors)
             os.close(started_w)  # the job holds its own copy: its end closes the pipe
 
     def _deliver_kills(self) -> None:

@@ -149,11 +149,16 @@ def same_request(specs: Sequence[JobSpec], config_extra: Mapping[str, Any]) -> b
 
 
 def sbatch_command(specs: Sequence[JobSpec], script_path: str, output_pattern: str,
-                   config_extra: Mapping[str, Any]) -> List[str]:
-    """The ``sbatch`` command line that submits ``specs`` (one job, or an array)."""
+                   config_extra: Mapping[str, Any],
+                   error_pattern: Optional[str] = None) -> List[str]:
+    """The ``sbatch`` command line that submits ``specs`` (one job, or an array): their
+    stdout goes to files named by ``output_pattern``, their stderr to files named by
+    ``error_pattern`` (the same files if None)."""
     command = ["sbatch", "--parsable", "--no-requeue", f"--job-name={job_name(specs[0])}",
                f"--output={output_pattern}", "--export=ALL", "--kill-on-invalid-dep=yes",
                f"--comment={COMMENT_PREFIX}{specs[0].env.get('FIBERRL_RUN_ID', '')}"]
+    if error_pattern is not None:
+        command.append(f"--error={error_pattern}")
     if specs[0].cwd:
         command.append(f"--chdir={specs[0].cwd}")
     if len(specs) > 1:
@@ -164,8 +169,9 @@ def sbatch_command(specs: Sequence[JobSpec], script_path: str, output_pattern: s
 
 
 def srun_command(spec: JobSpec, allocation: str, output_path: str,
-                 mem_per_cpu: Optional[int] = None) -> List[str]:
-    """The ``srun`` command line that runs ``spec`` as a job step of ``allocation``.
+                 mem_per_cpu: Optional[int] = None, error_path: Optional[str] = None) -> List[str]:
+    """The ``srun`` command line that runs ``spec`` as a job step of ``allocation``, its
+    stdout to ``output_path`` and its stderr to ``error_path`` (the same file if None).
 
     Time limits, partitions, accounts and QOS belong to the allocation, so only the
     per-step resources are passed; ``--exact`` gives the step just what it asked for,
@@ -181,7 +187,8 @@ def srun_command(spec: JobSpec, allocation: str, output_path: str,
         options.append(f"--mem-per-cpu={mem_per_cpu}M")
     return (["srun", f"--jobid={allocation}", "--ntasks=1", "--nodes=1", "--exact",
              "--kill-on-bad-exit=1", "--quiet", f"--job-name={job_name(spec)}",
-             f"--output={output_path}", "--export=ALL"] + options
+             f"--output={output_path}", "--export=ALL"]
+            + ([f"--error={error_path}"] if error_path is not None else []) + options
             + list(spec.command))
 
 

@@ -17,7 +17,8 @@ jobs' logs already are)::
     status(job):   <task dir>/w<n>.exit  <---------    written when job n is reaped
                    + squeue of the host job             (its end ends all its jobs)
     terminate(job): <task dir>/w<n>.kill<SIG> ------>  seen within POLL s: signal job n
-    logs(job):     <task dir>/w<n>.out   <---------    job n's stdout and stderr
+    logs(job):     <task dir>/w<n>.out   <---------    job n's stdout
+                   <task dir>/w<n>.err   <---------    job n's stderr
 
 Each forked job is still a job to the runtime, with its own id
 ``<host job id>.<n>`` (``1234_5.3``: job 3 of array task 5; not a Slurm step), its own
@@ -152,8 +153,13 @@ def read_request(task_dir: str) -> Dict[str, Any]:
 
 
 def log_path(task_dir: str, index: int) -> str:
-    """Where job ``index`` of a host job writes its output."""
+    """Where job ``index`` of a host job writes its stdout."""
     return os.path.join(task_dir, f"w{index}.out")
+
+
+def error_path(task_dir: str, index: int) -> str:
+    """Where job ``index`` of a host job writes its stderr."""
+    return os.path.join(task_dir, f"w{index}.err")
 
 
 def exit_path(task_dir: str, index: int) -> str:
