@@ -164,6 +164,31 @@ def test_a_jobs_stdout_goes_to_this_process_stdout_and_its_stderr_to_stderr(slur
     assert all(text in logs for text in texts), logs
 
 
+def _print_to_stderr_then_sleep():
+    print("written before the cancel", file=sys.stderr, flush=True)
+    time.sleep(3600)
+
+
+def test_slurms_cancel_notice_is_not_forwarded_but_the_jobs_stderr_is(slurm, capfd):
+    """slurmstepd writes "*** JOB ... CANCELLED AT ..." into a cancelled job's stderr
+    file: the job's end is reported as its exit code and reason, not printed."""
+    proc = fiberrl.Process(target=_print_to_stderr_then_sleep)
+    proc.start()
+    err, deadline = "", time.monotonic() + 60
+    while "written before the cancel" not in err and time.monotonic() < deadline:
+        err += capfd.readouterr().err
+        time.sleep(0.05)
+    assert "written before the cancel" in err, err
+    errors_file = proc._popen.job.data.errors
+    proc.terminate()
+    proc.join(90)
+    assert proc.exitcode is not None and proc.exitcode < 0, proc.exit_reason
+    assert pool_helpers.wait_until(lambda: "CANCELLED AT" in open(errors_file).read(), 30)
+    time.sleep(1.0)   # five looks of the follower
+    captured = capfd.readouterr()
+    assert "CANCELLED AT" not in captured.err + captured.out + err, captured
+
+
 def _report_pid(queue):
     queue.put(os.getpid())
 
