@@ -113,6 +113,33 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.parametrize("step", ["WorkerConnection", "parent_watch"])
+def test_a_worker_interrupted_while_it_connects_exits_quietly(monkeypatch, step):
+    """The window the test below hits about once in 20 runs: Ctrl-C after the job
+    let SIGINT through, while the worker still connects to its pool."""
+    from fiberrl.pool import worker
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    if step != "WorkerConnection":   # connected: the interrupt comes a step later
+        monkeypatch.setattr(worker, "WorkerConnection", lambda *a: _ClosableStub())
+    monkeypatch.setattr(worker, step, interrupted)
+    try:
+        worker.run_worker(("127.0.0.1", 9), 0, "token", None, (), None, 1.0)
+    except KeyboardInterrupt:   # (left to escape, it would end pytest's session)
+        pytest.fail("the interrupt escaped the worker: its job would print a traceback")
+    except SystemExit as ended:
+        assert ended.code == 130
+    else:
+        pytest.fail("the worker went on after the interrupt")
+
+
+class _ClosableStub:
+    def close(self):
+        pass
+
+
 @pytest.mark.parametrize("delay", [0.05, 0.1, 0.15, 0.2, 0.3])
 def test_ctrl_c_while_workers_start(tmp_path, delay):
     """Ctrl-C while the workers' interpreters are still starting (the first ones are

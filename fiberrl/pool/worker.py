@@ -407,7 +407,24 @@ def run_worker(address: tuple, worker_id: int, token: str, initializer: Optional
                initargs: Sequence[Any], maxtasks: Optional[int], heartbeat_interval: float,
                error_handling: bool = False, host_probe: Optional[tuple] = None) -> None:
     """Entry point of a pool worker job (the target of its :class:`fiberrl.Process`);
-    ``host_probe`` references the pool process's probe segment (see :mod:`.segments`)."""
+    ``host_probe`` references the pool process's probe segment (see :mod:`.segments`).
+
+    A Ctrl-C reaches the whole process group, so every worker gets it with its
+    master: wherever it finds the worker, from its first connection to its goodbye,
+    the worker ends quietly (no traceback per worker) with the shell's status for it.
+    """
+    try:
+        _serve_pool(address, worker_id, token, initializer, initargs, maxtasks,
+                    heartbeat_interval, error_handling, host_probe)
+    except KeyboardInterrupt:
+        logger.info("worker %d interrupted", worker_id)
+        raise SystemExit(INTERRUPTED_EXIT) from None
+
+
+def _serve_pool(address: tuple, worker_id: int, token: str,
+                initializer: Optional[Callable[..., Any]], initargs: Sequence[Any],
+                maxtasks: Optional[int], heartbeat_interval: float, error_handling: bool,
+                host_probe: Optional[tuple]) -> None:
     conn = WorkerConnection(*address)
     maps = can_attach(host_probe)
     watch = parent_watch()   # the job's one liveness stream, to the pool's process
@@ -429,8 +446,5 @@ def run_worker(address: tuple, worker_id: int, token: str, initializer: Optional
         conn.send(("bye",))
     except (OSError, EOFError) as exc:
         logger.info("worker %d lost its pool: %s", worker_id, exc)
-    except KeyboardInterrupt:  # Ctrl-C reached the whole process group: no traceback
-        logger.info("worker %d interrupted", worker_id)
-        raise SystemExit(INTERRUPTED_EXIT) from None
     finally:
         conn.close()
