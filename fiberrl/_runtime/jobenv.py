@@ -107,6 +107,8 @@ def write_output_to_file() -> None:
     out_fd = _open_given(os.environ.pop(OUTPUT_FILE_ENV, None))
     error_path = os.environ.pop(ERROR_FILE_ENV, None)
     err_fd = out_fd if error_path is None else _open_given(error_path)
+    if out_fd is None and err_fd is None:   # (a local job: nothing to point anywhere)
+        return
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
