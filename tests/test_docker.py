@@ -9,6 +9,7 @@ import pytest
 
 import fiberrl
 import backend_bindings
+import job_streams
 import pool_helpers
 from fiberrl.backends.docker import exit_status
 from fiberrl.backends.base import JobState
@@ -209,40 +210,16 @@ def test_pid_namespace_setting_is_checked_at_init():
     assert fiberrl.config.get_config().backend == "local"
 
 
-def _print_to_both_streams(fail):
-    import sys
-    print("to the job's stdout", flush=True)
-    print("to the job's stderr", file=sys.stderr, flush=True)
-    if fail:
-        raise ValueError("the job's own error")
-
-
-def _wait_for_streams(capfd, texts, timeout):
-    """What was forwarded to this process's stdout and stderr until every one of
-    ``texts`` shows in one of them, or ``timeout``."""
-    out, err, deadline = "", "", time.monotonic() + timeout
-    while not all(t in out or t in err for t in texts) and time.monotonic() < deadline:
-        captured = capfd.readouterr()
-        out, err = out + captured.out, err + captured.err
-        time.sleep(0.05)
-    return out, err
-
-
 @pytest.mark.parametrize("fail", [False, True])
 def test_a_jobs_stdout_goes_to_this_process_stdout_and_its_stderr_to_stderr(docker, capfd, fail):
     """As a local child's streams do (the stdlib's too): a script run as ``script >
     out.log 2> err.log`` gets each job's errors, its traceback too, in err.log."""
     import os
-    proc = fiberrl.Process(target=_print_to_both_streams, args=(fail,))
+    proc = fiberrl.Process(target=job_streams.print_to_both_streams, args=(fail,))
     proc.start()
     proc.join(60)
     assert proc.exitcode == (1 if fail else 0)
-    texts = ["to the job's stdout", "to the job's stderr"] + (["ValueError"] if fail else [])
-    out, err = _wait_for_streams(capfd, texts, 10)
-    assert "to the job's stdout" in out and "to the job's stdout" not in err, (out, err)
-    assert "to the job's stderr" in err and "to the job's stderr" not in out, (out, err)
-    if fail:
-        assert "ValueError: the job's own error" in err and "ValueError" not in out, (out, err)
+    texts = job_streams.assert_streams_apart(capfd, fail)
     logs = proc.job_logs()
     assert all(text in logs for text in texts), logs
     data = proc._popen.job.data
@@ -317,7 +294,7 @@ def test_output_written_before_the_job_reached_its_file_is_forwarded_at_its_end(
     proc.start()
     proc.join(60)
     assert proc.exitcode == 0
-    out, err = _wait_for_streams(capfd, ["from the wrapper", "wrapper error"], 10)
+    out, err = job_streams.wait_for_streams(capfd, ["from the wrapper", "wrapper error"], 10)
     assert "from the wrapper" in out and "from inside the container" in out, out
     assert "wrapper error" in err and "wrapper error" not in out, (out, err)
     logs = proc.job_logs()
@@ -398,10 +375,8 @@ def test_no_output_directory_streams_each_containers_log_instead(docker, capfd, 
     fiberrl.init(backend="docker", log_dir=str(blocked),
                  extra=fiberrl.config.get_config().extra)
     os.environ.pop("FIBERRL_DOCKER_OUTPUT_DIR", None)
-    proc = fiberrl.Process(target=_print_to_both_streams, args=(False,))
+    proc = fiberrl.Process(target=job_streams.print_to_both_streams, args=(False,))
     proc.start()
     proc.join(60)
     assert proc.exitcode == 0
-    out, err = _wait_for_streams(capfd, ["to the job's stdout", "to the job's stderr"], 10)
-    assert "to the job's stdout" in out and "to the job's stdout" not in err, (out, err)
-    assert "to the job's stderr" in err and "to the job's stderr" not in out, (out, err)
+    job_streams.assert_streams_apart(capfd, fail=False)

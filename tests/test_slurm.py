@@ -16,6 +16,7 @@ import pytest
 
 import backend_bindings
 import fiberrl
+import job_streams
 import pool_helpers
 import slurm_cluster
 from fiberrl.backends.base import JobSpec, JobState
@@ -135,31 +136,15 @@ def test_failed_job_reason_and_log(slurm):
     assert "last words of the job" in proc.job_logs()
 
 
-def _print_to_both_streams(fail):
-    print("to the job's stdout", flush=True)
-    print("to the job's stderr", file=sys.stderr, flush=True)
-    if fail:
-        raise ValueError("the job's own error")
-
-
 @pytest.mark.parametrize("fail", [False, True])
 def test_a_jobs_stdout_goes_to_this_process_stdout_and_its_stderr_to_stderr(slurm, capfd, fail):
     """As a local child's streams do: ``script > out.log 2> err.log`` gets each job's
     errors, its traceback too, in err.log."""
-    proc = fiberrl.Process(target=_print_to_both_streams, args=(fail,))
+    proc = fiberrl.Process(target=job_streams.print_to_both_streams, args=(fail,))
     proc.start()
     proc.join(90)
     assert proc.exitcode == (1 if fail else 0)
-    texts = ["to the job's stdout", "to the job's stderr"] + (["ValueError"] if fail else [])
-    out, err, deadline = "", "", time.monotonic() + 10
-    while not all(t in out or t in err for t in texts) and time.monotonic() < deadline:
-        captured = capfd.readouterr()
-        out, err = out + captured.out, err + captured.err
-        time.sleep(0.05)
-    assert "to the job's stdout" in out and "to the job's stdout" not in err, (out, err)
-    assert "to the job's stderr" in err and "to the job's stderr" not in out, (out, err)
-    if fail:
-        assert "ValueError: the job's own error" in err and "ValueError" not in out, (out, err)
+    texts = job_streams.assert_streams_apart(capfd, fail)
     logs = proc.job_logs()
     assert all(text in logs for text in texts), logs
 
