@@ -46,6 +46,12 @@ _PLAIN_TYPES = frozenset((bytes, bytearray, str, int, float, bool, type(None), c
 #: longer one costs the scan's budget less than looking at every item)
 _FLAT_MAX = 16
 
+#: the types pickled in-band with nothing to look inside: :data:`_PLAIN_TYPES`, and
+#: each numpy scalar type once :func:`_cached_numpy_kind` has seen it, so that a
+#: message such as gymnasium's ``("step", np.int64(1))`` is seen as plain in one C
+#: call from its second sending on
+_SCALARS = set(_PLAIN_TYPES)
+
 
 #: numpy types seen so far, by what they are for pickling (see :func:`_numpy_kind`)
 _NUMPY_KINDS: dict = {}
@@ -71,6 +77,8 @@ def _cached_numpy_kind(kind: type) -> int:
     found = _NUMPY_KINDS.get(kind)
     if found is None:
         found = _NUMPY_KINDS[kind] = _numpy_kind(kind)
+        if found == _SCALAR:
+            _SCALARS.add(kind)
     return found
 
 
@@ -95,14 +103,14 @@ def _plain_within(obj: Any, state: list) -> bool:
     far]``, the kind raised to :data:`_MAY_HOLD_BUFFERS` on the first numpy object that
     is not a scalar."""
     kind = type(obj)
-    if kind in _PLAIN_TYPES:
+    if kind in _SCALARS:
         return True
     if kind is tuple or kind is list:
         state[0] -= len(obj)
         if state[0] < 0:
             return False
         for item in obj:
-            if type(item) not in _PLAIN_TYPES and not _plain_within(item, state):
+            if type(item) not in _SCALARS and not _plain_within(item, state):
                 return False
         return True
     if kind is dict:
@@ -112,7 +120,7 @@ def _plain_within(obj: Any, state: list) -> bool:
         for key, value in obj.items():
             if type(key) not in _PLAIN_TYPES:
                 return False
-            if type(value) not in _PLAIN_TYPES and not _plain_within(value, state):
+            if type(value) not in _SCALARS and not _plain_within(value, state):
                 return False
         return True
     found = _cached_numpy_kind(kind)
@@ -222,8 +230,8 @@ def _cloudpickle(obj: Any, buffer_callback: Any = None) -> bytes:
 def dumps(obj: Any) -> Frames:
     """Serialize ``obj`` to frames; large buffers are separate, uncopied frames."""
     kind = type(obj)
-    if kind in _PLAIN_TYPES or ((kind is tuple or kind is list) and len(obj) <= _FLAT_MAX
-                                and _PLAIN_TYPES.issuperset(map(type, obj))):
+    if kind in _SCALARS or ((kind is tuple or kind is list) and len(obj) <= _FLAT_MAX
+                            and _SCALARS.issuperset(map(type, obj))):
         # the common small message (a step command, a few arguments): no buffers to
         # keep out, looked at in one C call
         return [pickle.dumps(obj, 5)]

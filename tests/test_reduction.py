@@ -2,6 +2,7 @@
 import pickle
 
 import numpy as np
+import pytest
 
 from fiberrl import reduction
 
@@ -63,3 +64,22 @@ def test_a_large_array_in_plain_data_still_travels_out_of_band():
     assert len(frames) == 2 and memoryview(frames[1]).nbytes == big.nbytes
     back = reduction.loads(frames)
     assert back[0] == "obs" and (back[1][1][0] == big).all()
+
+
+def test_a_step_command_is_seen_as_plain_without_the_scan_once_its_scalar_type_is_known(
+        monkeypatch):
+    # gymnasium's AsyncVectorEnv sends ("step", np.int64(action)) every step: from the
+    # second on, the numpy scalar type is known and the message takes the one-call check
+    first = reduction.dumps(("step", np.int64(1)))
+    assert first == [pickle.dumps(("step", np.int64(1)), 5)]
+
+    def no_scan(obj, budget=64):
+        raise AssertionError(f"scanned {obj!r}")
+
+    monkeypatch.setattr(reduction, "_plain_kind", no_scan)
+    for message in (("step", np.int64(2)), [np.int64(3), 1.5, "x"], np.int64(4)):
+        frames = reduction.dumps(message)
+        assert frames == [pickle.dumps(message, 5)]
+        assert reduction.loads(frames) == message
+    with pytest.raises(AssertionError, match="scanned"):   # containers still need the scan
+        reduction.dumps(("step", (np.int64(1),)))
