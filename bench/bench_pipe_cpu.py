@@ -16,7 +16,10 @@ trip, side by side:
 - ``fiberrl-fork``: fiberrl's pipe between this process and a child made by the
   stdlib's fork context: fiberrl's code, with the process model of fork (a child that
   shares its parent's memory page for page), which separates what fiberrl's code costs
-  from what a fresh interpreter costs.
+  from what a fresh interpreter costs;
+- ``fork+mac`` and ``spawn+mac``: the stdlib's own pipe, signing every message with
+  fiberrl's MAC as fiberrl does (:mod:`signed_stdlib`), which separates what fiberrl's
+  pipe costs from what signing every message costs.
 
 ``--same-core`` pins both ends of every ping-pong to one core. Where the two ends run
 decides the CPU more than any code does: on this project's VM a pair on two cores pays
@@ -56,6 +59,7 @@ import time
 import fiberrl
 from bench_core import pipe_pingpong
 from machine_load import add_load_option, cpu_load, cpu_seconds, describe
+from signed_stdlib import SignedStdlib
 
 PAYLOAD = b"x" * 64   # as bench_core's ping-pong
 ROUNDS = 2000
@@ -121,6 +125,9 @@ def measures_for(core, objects):
         context = multiprocessing.get_context(method)
         measures[method] = functools.partial(pipe_pingpong, context, ROUNDS, core=core,
                                              objects=objects)
+    for method in ("fork", "spawn"):
+        measures[f"{method}+mac"] = functools.partial(pipe_pingpong, SignedStdlib(method),
+                                                      ROUNDS, core=core, objects=objects)
     measures["fiberrl"] = functools.partial(pipe_pingpong, fiberrl, ROUNDS, core=core,
                                             objects=objects)
     measures["fiberrl-fork"] = functools.partial(pipe_pingpong, fiberrl, ROUNDS,
@@ -150,7 +157,7 @@ def report(results, heading):
     print(heading)
     for name, runs in results.items():
         wall = statistics.median(w for w, _ in runs)
-        print(f"  {name:11} round trip p50 {wall:7.1f} us   CPU both ends {cpu[name]:6.1f} us   "
+        print(f"  {name:12} round trip p50 {wall:7.1f} us   CPU both ends {cpu[name]:6.1f} us   "
               f"runs {' '.join(f'{c:.0f}' for _, c in runs)}")
     print(f"  CPU per round trip: fiberrl / stdlib fork {cpu['fiberrl'] / cpu['fork']:.2f}x "
           "(target <= 1.5), "
@@ -158,6 +165,9 @@ def report(results, heading):
           f"fiberrl / stdlib spawn {cpu['fiberrl'] / cpu['spawn']:.2f}x; "
           f"fiberrl's pipe to a forked child / stdlib fork "
           f"{cpu['fiberrl-fork'] / cpu['fork']:.2f}x; "
+          f"against the stdlib signing every message: fiberrl / spawn+mac "
+          f"{cpu['fiberrl'] / cpu['spawn+mac']:.2f}x, fiberrl-fork / fork+mac "
+          f"{cpu['fiberrl-fork'] / cpu['fork+mac']:.2f}x; "
           f"above the floor: stdlib fork {cpu['fork'] - cpu['raw']:+.1f} us, "
           f"fiberrl {cpu['fiberrl'] - cpu['raw']:+.1f} us")
     return cpu

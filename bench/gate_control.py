@@ -16,6 +16,9 @@ those of the stdlib's context ``METHOD``. So its "fiberrl" column is the stdlib:
 - ``spawn`` and ``forkserver`` (Python 3.14's default on Linux) against fork: the
   stdlib's own fresh interpreters, the process model a fiberrl job has (an exec'd
   interpreter, as in a container, a pod or a Slurm job);
+- ``fork+mac``, ``spawn+mac``, ``forkserver+mac``: the same contexts with every pipe
+  message signed as fiberrl signs it (``bench/signed_stdlib.py``): what the gates say
+  of the stdlib once it pays for the per-message MAC that fiberrl must keep;
 - with ``--with-fiberrl``, fiberrl itself, in the same session, interleaved.
 
 It prints each run's figure line and, per method, how many runs met each gate.
@@ -50,6 +53,24 @@ def get_context(method=None):
     return _context
 '''
 
+SIGNED_STAND_IN = '''"""A stand-in for fiberrl: the stdlib's {method!r} context, every pipe message signed
+(bench/gate_control.py)."""
+import sys as _sys
+
+_sys.path.insert(0, {bench!r})
+from signed_stdlib import SignedStdlib as _SignedStdlib  # noqa: E402
+
+_context = _SignedStdlib({method!r})
+Pipe = _context.Pipe
+Process = _context.Process
+
+
+def get_context(method=None):
+    """The signed {method!r} context, whatever is asked."""
+    return _context
+'''
+METHODS = ("fork", "spawn", "forkserver")
+
 #: the figure line busy_bench prints last, one number per gate
 FIGURES = re.compile(
     r"loaded pipe (?P<pipe>[\d.]+)x \(worst run (?P<worst>[\d.]+)x\), cpu/rtt (?P<cpu>[\d.]+)x; "
@@ -61,12 +82,16 @@ GATES = [("pipe", 1.3, True), ("worst", 3.0, True), ("cpu", 1.5, True),
          ("ave_loaded", 0.9, False), ("ave_quiet", 0.9, False)]
 
 
-def stand_in_path(root: str, method: str) -> str:
-    """A folder holding a package ``fiberrl`` that is the stdlib's ``method`` context."""
-    folder = os.path.join(root, method)
+def stand_in_path(root: str, seat: str) -> str:
+    """A folder holding a package ``fiberrl`` that is the stdlib's context ``seat``
+    (``"spawn"``), or that context with every pipe message signed (``"spawn+mac"``)."""
+    folder = os.path.join(root, seat)
     os.makedirs(os.path.join(folder, "fiberrl"), exist_ok=True)
+    method, signed = seat.split("+")[0], seat.endswith("+mac")
+    source = (SIGNED_STAND_IN.format(method=method, bench=HERE) if signed
+              else STAND_IN.format(method=method))
     with open(os.path.join(folder, "fiberrl", "__init__.py"), "w") as fh:
-        fh.write(STAND_IN.format(method=method))
+        fh.write(source)
     return folder
 
 
@@ -98,7 +123,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--busy-bench", default=DEFAULT_BUSY_BENCH, help="path of busy_bench.py")
     parser.add_argument("--runs", type=int, default=3, help="runs of busy_bench per method")
     parser.add_argument("--methods", default="fork,spawn,forkserver",
-                        help="the stdlib's contexts to put in fiberrl's seat, comma-separated")
+                        help="the stdlib's contexts to put in fiberrl's seat, comma-separated "
+                             "(a name with '+mac' signs every pipe message, as fiberrl does)")
     parser.add_argument("--with-fiberrl", action="store_true", help="also run fiberrl itself")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -107,7 +133,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     methods = [m for m in args.methods.split(",") if m]
-    bad = [m for m in methods if m not in ("fork", "spawn", "forkserver")]
+    known = set(METHODS) | {f"{method}+mac" for method in METHODS}
+    bad = [m for m in methods if m not in known]
     if bad:
         parser.error(f"unknown methods: {', '.join(bad)}")
     seats = methods + (["fiberrl"] if args.with_fiberrl else [])
