@@ -144,6 +144,54 @@ def test_a_forged_message_ends_the_stream_before_anything_is_used(served):
     stream.close()
 
 
+def _signed_stream(key, messages):
+    """Bytes of ``messages`` (kind, frames) as one side sends them, one piece each."""
+    signer = Signer(key)
+    return [b"".join(bytes(p) for p in encode(signer, kind, frames)) for kind, frames in messages]
+
+
+def _read_all(key, pieces):
+    """What a reader with ``key`` accepts of ``pieces``, in order, until one fails."""
+    ours, theirs = socket.socketpair()
+    reader = FrameReader(theirs, Verifier(key))
+    got = []
+    try:
+        for piece in pieces:
+            ours.sendall(piece)
+            while True:
+                assert select.select([theirs], [], [], 10)[0]
+                messages = reader.read()
+                got += [bytes(frames[0]) for _, frames in messages]
+                if messages:
+                    break
+    except EOFError:
+        pass
+    finally:
+        ours.close()
+        theirs.close()
+    return got
+
+
+@pytest.mark.parametrize("change", ["replay", "swap", "drop", "other key", "tamper"])
+def test_each_mac_signs_the_message_and_its_place_in_the_stream(change):
+    key = b"k" * 32
+    sent = _signed_stream(key, [(b"s", [f"m{i}".encode()]) for i in range(4)])
+    assert _read_all(key, sent) == [b"m0", b"m1", b"m2", b"m3"]
+    if change == "replay":       # m1 sent again in m2's place
+        pieces = [sent[0], sent[1], sent[1], sent[3]]
+    elif change == "swap":
+        pieces = [sent[0], sent[2], sent[1], sent[3]]
+    elif change == "drop":
+        pieces = [sent[0], sent[2], sent[3]]
+    elif change == "other key":  # the other direction's messages reflected back
+        pieces = [sent[0]] + _signed_stream(b"j" * 32, [(b"s", [b"m1"])])
+    else:
+        frame_end = len(sent[1]) - 16 - 1   # the last byte of m1's frame, before its MAC
+        pieces = [sent[0], sent[1][:frame_end] + b"X" + sent[1][frame_end + 1:]]
+    # everything before the change is read; nothing from it on
+    assert _read_all(key, pieces) == [b"m0"] + ([b"m1"] if change == "replay" else [])
+
+
 def test_streams_on_one_host_use_the_unix_socket(served):
     address, channels = served
     stream = open_stream(address, "test-wire")

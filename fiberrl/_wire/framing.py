@@ -4,9 +4,9 @@ A message is a *kind* byte and a list of frames::
 
     [kind: 1][frame count: u32][length of each frame: u64...][frame 0][MAC: 16][frame 1]...
 
-The MAC (:class:`~fiberrl._wire.auth.Signer`) covers the message's running number,
-everything before it and frame 0, the one frame that may be unpickled (a pickle
-stream, a header). Later frames are out-of-band buffers (numpy data, the payload of
+The MAC (:class:`~fiberrl._wire.auth.Signer`) covers everything before it and frame 0,
+the one frame that may be unpickled (a pickle stream, a header), after the same of
+every earlier message on the stream (so it signs the message's place too). Later frames are out-of-band buffers (numpy data, the payload of
 ``send_bytes``): their lengths are signed, their bytes are not hashed, because they
 are only ever used as buffers by an authenticated pickle stream and hashing them
 would halve the throughput of large arrays.
