@@ -53,8 +53,8 @@ def get_context(method=None):
     return _context
 '''
 
-SIGNED_STAND_IN = '''"""A stand-in for fiberrl: the stdlib's {method!r} context, every pipe message signed
-(bench/gate_control.py)."""
+SIGNED_STAND_IN = '''"""A stand-in for fiberrl: the stdlib's {method!r} context, every pipe
+message signed (bench/gate_control.py)."""
 import sys as _sys
 
 _sys.path.insert(0, {bench!r})

@@ -6,10 +6,11 @@ A message is a *kind* byte and a list of frames::
 
 The MAC (:class:`~fiberrl._wire.auth.Signer`) covers everything before it and frame 0,
 the one frame that may be unpickled (a pickle stream, a header), after the same of
-every earlier message on the stream (so it signs the message's place too). Later frames are out-of-band buffers (numpy data, the payload of
-``send_bytes``): their lengths are signed, their bytes are not hashed, because they
-are only ever used as buffers by an authenticated pickle stream and hashing them
-would halve the throughput of large arrays.
+every earlier message on the stream (so it signs the message's place too). Later
+frames are out-of-band buffers (numpy data, the payload of ``send_bytes``): their
+lengths are signed, their bytes are not hashed, because they are only ever used as
+buffers by an authenticated pickle stream and hashing them would halve the
+throughput of large arrays.
 
 Small messages are written in one piece; a large one is received straight into
 buffers of its frames' sizes (one copy from the kernel, none after; each out-of-band
