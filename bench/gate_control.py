@@ -40,35 +40,23 @@ logger = logging.getLogger("gate_control")
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_BUSY_BENCH = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "tools", "busy_bench.py"))
 
-STAND_IN = '''"""A stand-in for fiberrl: the stdlib's {method!r} context (bench/gate_control.py)."""
-import multiprocessing as _multiprocessing
-
-_context = _multiprocessing.get_context({method!r})
+STAND_IN = '''"""A stand-in for fiberrl: {what} (bench/gate_control.py)."""
+{make_context}
 Pipe = _context.Pipe
 Process = _context.Process
 
 
 def get_context(method=None):
-    """The stdlib's {method!r} context, whatever is asked."""
+    """That context, whatever is asked."""
     return _context
 '''
 
-SIGNED_STAND_IN = '''"""A stand-in for fiberrl: the stdlib's {method!r} context, every pipe
-message signed (bench/gate_control.py)."""
-import sys as _sys
-
-_sys.path.insert(0, {bench!r})
-from signed_stdlib import SignedStdlib as _SignedStdlib  # noqa: E402
-
-_context = _SignedStdlib({method!r})
-Pipe = _context.Pipe
-Process = _context.Process
-
-
-def get_context(method=None):
-    """The signed {method!r} context, whatever is asked."""
-    return _context
-'''
+#: how a stand-in makes its context: the stdlib's, or the stdlib's with every pipe
+#: message signed as fiberrl signs it (``bench/signed_stdlib.py``)
+PLAIN_CONTEXT = "import multiprocessing as _mp\n\n_context = _mp.get_context({method!r})\n"
+SIGNED_CONTEXT = ("import sys as _sys\n\n_sys.path.insert(0, {bench!r})\n"
+                  "from signed_stdlib import SignedStdlib as _SignedStdlib  # noqa: E402\n\n"
+                  "_context = _SignedStdlib({method!r})\n")
 METHODS = ("fork", "spawn", "forkserver")
 
 #: the figure line busy_bench prints last, one number per gate
@@ -88,8 +76,13 @@ def stand_in_path(root: str, seat: str) -> str:
     folder = os.path.join(root, seat)
     os.makedirs(os.path.join(folder, "fiberrl"), exist_ok=True)
     method, signed = seat.split("+")[0], seat.endswith("+mac")
-    source = (SIGNED_STAND_IN.format(method=method, bench=HERE) if signed
-              else STAND_IN.format(method=method))
+    if signed:
+        what = f"the stdlib's {method!r} context, every pipe message signed"
+        make_context = SIGNED_CONTEXT.format(method=method, bench=HERE)
+    else:
+        what = f"the stdlib's {method!r} context"
+        make_context = PLAIN_CONTEXT.format(method=method)
+    source = STAND_IN.format(what=what, make_context=make_context)
     with open(os.path.join(folder, "fiberrl", "__init__.py"), "w") as fh:
         fh.write(source)
     return folder
