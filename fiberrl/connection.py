@@ -483,13 +483,22 @@ class Connection(PipeEndClosing):
         self._check_readable()
         if timeout is not None and timeout < 0:
             timeout = 0.0
+        if timeout != 0 and self._pid == jobenv.pid:   # a wait here: the short way first
+            started = time.monotonic()
+            self._take_quick(None, 1.0 if timeout is None else min(timeout, 1.0))
+            if self._pending:
+                return True
+            if timeout is not None:
+                timeout = max(0.0, timeout - (time.monotonic() - started))
         return self._wait(timeout)
 
-    def _take_quick(self, kind: bytes) -> Optional[bytes]:
+    def _take_quick(self, kind: Optional[bytes], timeout: float = 1.0) -> Optional[bytes]:
         """The one frame of the next message, taken the short way when the end is
         active here, connected and the message is of ``kind`` (the usual case); None
-        when the general path must decide (nothing within 1 s, end of file, a broken
-        stream, an end closed or handed on by another thread meanwhile)."""
+        when the general path must decide (nothing within ``timeout`` s, end of file, a
+        broken stream, an end closed or handed on by another thread meanwhile), or
+        when the message is of another kind (``kind`` None: ``poll``), which then
+        waits in the pending messages."""
         self._used = True
         if (self._pid != jobenv.pid or not self._readable or self._closed or self._suspect
                 or self._eof or self._peer_loc is None):
@@ -500,7 +509,7 @@ class Connection(PipeEndClosing):
             if inbox is None:
                 return None
             try:
-                payload = inbox.take(kind, pending, 1.0)
+                payload = inbox.take(kind, pending, timeout)
             except ValueError:   # its epoll set was closed under this thread
                 return None
             except EOFError:   # a forged message: the stream was dropped

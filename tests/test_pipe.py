@@ -141,6 +141,47 @@ def test_poll_timeouts():
     assert a.poll() is True and a.recv() == 1
 
 
+def _echo_kinds(conn):
+    """Echo objects as objects and bytes as bytes, telling them apart by a tag."""
+    while True:
+        assert conn.poll(30)
+        tag = conn.recv()
+        if tag == "stop":
+            return
+        if tag == "bytes":
+            assert conn.poll(30)
+            conn.send_bytes(conn.recv_bytes())
+        else:
+            conn.send(tag)
+
+
+def test_a_poll_that_waits_takes_the_short_way_and_keeps_kinds_order_and_its_timeout():
+    """A waiting poll between processes reads a lone message itself (``Inbox.take``
+    with any kind): it is kept for the recv of either kind that follows, in order, and
+    the poll still returns within its own timeout when nothing comes."""
+    a, b = fiberrl.Pipe()
+    proc = fiberrl.Process(target=_echo_kinds, args=(b,))
+    proc.start()
+    for i in range(50):
+        a.send(("object", i))
+        a.send("bytes")
+        a.send_bytes(b"raw %d" % i)
+        assert a.poll(30) and a.poll(30)   # a second poll finds the first one's message
+        assert a.recv() == ("object", i)
+        assert a.poll(30)
+        assert a.recv_bytes() == b"raw %d" % i
+    assert a._peer_loc is not None and not a._suspect   # connected: the short way is open
+    started = time.monotonic()
+    assert a.poll(1.5) is False   # its short wait is part of the timeout, not added to it
+    assert 1.4 < time.monotonic() - started < 2.4
+    a.send("stop")
+    proc.join(30)
+    assert proc.exitcode == 0
+    assert a.poll(30)   # the end of file counts as something to read
+    with pytest.raises(EOFError):
+        a.recv()
+
+
 class _ExitWhenUnpickled:
     """An argument whose unpickling ends the job: it dies before its later arguments
     (a pipe end) are rebuilt."""

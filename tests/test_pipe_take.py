@@ -1,7 +1,8 @@
 """``Inbox.take``, the pipe's hot path: a lone small message of the wanted kind comes back
-as its payload; anything else (several messages in one read, another kind, a large
-message, a second sender, the stream's end) is left to ``Inbox.receive`` with nothing
-lost and the order kept; a forged message drops the stream before anything is used."""
+as its payload, one of another kind goes to the pending messages; anything else (several
+messages in one read, a large message, a second sender, the stream's end) is left to
+``Inbox.receive`` with nothing lost and the order kept; a forged message drops the
+stream before anything is used."""
 import collections
 import os
 import socket
@@ -65,12 +66,24 @@ def test_several_messages_in_one_read_all_go_to_the_general_path_in_order(lone):
     assert [(kind, frames) for kind, frames in into] == [(b"o", [b"m%d" % i]) for i in range(5)]
 
 
-def test_a_message_of_another_kind_is_left_for_the_general_path(lone):
+def test_a_lone_message_of_another_kind_waits_in_the_pending_messages(lone):
     inbox, sender, _ = lone
     into = collections.deque()
     sender.send_small(b"b", b"raw bytes")
     assert inbox.take(b"o", into, 5.0) is None
     assert list(into) == [(b"b", [b"raw bytes"])]
+
+
+def test_kind_none_takes_any_lone_message_into_the_pending_ones(lone):
+    """``Connection.poll``'s wait: whatever comes is kept for the recv that follows."""
+    inbox, sender, _ = lone
+    into = collections.deque()
+    sender.send_small(b"o", b"an object")
+    assert inbox.take(None, into, 5.0) is None
+    sender.send_small(b"b", b"")
+    assert inbox.take(None, into, 5.0) is None
+    assert list(into) == [(b"o", [b"an object"]), (b"b", [b""])]
+    assert inbox.take(None, into, 0.05) is None and len(into) == 2
 
 
 def test_a_large_message_arrives_whole_through_the_general_path(lone):

@@ -237,13 +237,16 @@ class Inbox:
             into.extend(message for _, message in items)
         return ended
 
-    def take(self, kind: bytes, into: Deque[Message], timeout: float) -> Optional[bytes]:
+    def take(self, kind: Optional[bytes], into: Deque[Message],
+             timeout: float) -> Optional[bytes]:
         """The payload of the next message, waiting up to ``timeout`` s, when it is a
         one-frame message of ``kind`` that arrives alone on the only sender stream:
         the pipe's hot path (a request and its reply, an environment's step), read and
-        checked here in one step. None when :meth:`receive` must decide: nothing came,
-        or not only there, or a message began earlier; then any message this call read
-        is appended to ``into``.
+        checked here in one step. Otherwise None, and any message this call read is
+        appended to ``into``: a lone one-frame message of another kind (any kind, when
+        ``kind`` is None: ``poll``) read the same short way. None with nothing read
+        when :meth:`receive` must decide: nothing came, or not only there, or a
+        message began earlier.
 
         Raises ``EOFError`` (a :class:`ForgedMessageError`) when the stream carried a
         forged message: the stream is dropped, as :meth:`receive` reports with
@@ -266,10 +269,13 @@ class Inbox:
             if n > _PAYLOAD_AT:
                 got, count, size, _sent, empty = _unpack_stamped_head(scratch)
                 end = _FRAME_AT + size
-                if (n == end + MAC_BYTES and count == 1 and got == kind and not empty
-                        and size >= _STAMP_BYTES):
+                if n == end + MAC_BYTES and count == 1 and not empty and size >= _STAMP_BYTES:
                     reader.verifier.check_one(view[end:n], view[:end])
-                    return bytes(view[_PAYLOAD_AT:end])
+                    payload = bytes(view[_PAYLOAD_AT:end])
+                    if got == kind:
+                        return payload
+                    into.append((got, [payload]))
+                    return None
             messages = reader.absorb(scratch, view, n)   # several, part of one, another kind
             for message in messages:
                 into.append(unstamp(message)[1])
