@@ -103,6 +103,7 @@ def _run_vector(env, steps, seed):
     episodes, finals = [], 0
     for _ in range(steps):
         obs, rewards, terminated, truncated, info = env.step(rng.integers(0, 2, env.num_envs))
+        assert all(a.flags.writeable for a in (obs, rewards, terminated, truncated))  # the caller's
         done = terminated | truncated
         if done.any():
             assert "final_obs" in info
@@ -126,11 +127,12 @@ def test_in_process_vector_env_autoresets_in_the_same_step_and_tallies_episodes(
         assert member_steps <= 200
 
 
-def test_process_vector_env_equals_in_process_env_member_for_member():
+@pytest.mark.parametrize("per_process, processes", [(2, 2), (3, 1)])
+def test_process_vector_env_equals_in_process_env_member_for_member(per_process, processes):
     with InProcessVectorEnv("CartPole-v1", 3) as local:
         expected = _run_vector(local, 60, seed=3)
-    with ProcessVectorEnv("CartPole-v1", 3, envs_per_process=2) as remote:
-        assert len(remote.procs) == 2
+    with ProcessVectorEnv("CartPole-v1", 3, envs_per_process=per_process) as remote:
+        assert len(remote.procs) == processes
         got = _run_vector(remote, 60, seed=3)
     assert np.array_equal(expected[0], got[0])
     assert expected[1] == got[1]
@@ -159,12 +161,15 @@ def test_step_codec_round_trips_numbers_and_declines_the_rest():
     obs = [np.arange(4, dtype=np.float64), np.ones(4)]   # the env's dtype is kept
     raw = step_codec.encode_answer(obs, [1.0, -2.5], bytearray([0, step_codec.TRUNCATED]),
                                    [np.full(4, 7.0)])
-    got, rewards, terminated, truncated, final = step_codec.decode_answer(b"s" + raw, 1)
+    got, rewards, flags, final = step_codec.decode_answer(b"s" + raw, 1)
     assert got.dtype == np.float64 and np.array_equal(got, np.stack(obs))
-    got[0, 0] = 9.0   # the caller owns the arrays
+    assert not got.flags.writeable   # views of the message: the caller copies
     assert rewards.tolist() == [1.0, -2.5]
-    assert terminated.tolist() == [False, False] and truncated.tolist() == [False, True]
+    assert flags.tolist() == [0, step_codec.TRUNCATED]
     assert final[0] is None and np.array_equal(final[1], np.full(4, 7.0))
+    final[1][0] = 9.0   # a final observation is the caller's own
+    raw = step_codec.encode_answer(obs, [0.0, 0.0], bytearray(2), [])
+    assert step_codec.decode_answer(b"s" + raw, 1)[3] is None   # no episode ended
     actions = np.array([[0.5, -1.0]], np.float32)
     back = step_codec.decode_actions(b"s" + step_codec.encode_actions(actions), 1)
     assert back.dtype == np.float32 and np.array_equal(back, actions)

@@ -134,33 +134,41 @@ class ProcessVectorEnv(VectorEnv):
         return pickle.loads(self._answer(index)[1:])
 
     def _answer(self, index: int) -> bytes:
-        conn, proc, part = self.conns[index], self.procs[index], self.slices[index]
-        waited = 0.0
-        while not conn.poll(1.0):
-            waited += 1.0
-            if not proc.is_alive():
-                break
-            if waited >= self.timeout:
-                raise RuntimeError(f"env members {part.start}..{part.stop - 1} ({proc.name}) did not "
-                                   f"answer within {self.timeout:.0f} s")
+        """The next message from process ``index``; ``RuntimeError`` if it died or
+        did not answer within the timeout."""
+        conn = self.conns[index]
+        if not conn.poll(1.0):
+            self._wait_for(index)
         try:
             return conn.recv_bytes()
         except EOFError:
+            proc, part = self.procs[index], self.slices[index]
             proc.join(5)
             raise RuntimeError(f"the process of env members {part.start}..{part.stop - 1} "
                                f"({proc.name}) died with exit code {proc.exitcode}") from None
 
+    def _wait_for(self, index: int) -> None:
+        """Wait for process ``index`` to answer (or die), a second at a time, after its
+        first second; ``RuntimeError`` once :attr:`timeout` has passed."""
+        conn, proc, part = self.conns[index], self.procs[index], self.slices[index]
+        waited = 1.0
+        while proc.is_alive():
+            if waited >= self.timeout:
+                raise RuntimeError(f"env members {part.start}..{part.stop - 1} ({proc.name}) did not "
+                                   f"answer within {self.timeout:.0f} s")
+            if conn.poll(1.0):
+                return
+            waited += 1.0
+
     def _step_answer(self, index: int) -> tuple:
-        """``(obs, rewards, terminated, truncated, final_obs)`` of one process's members,
-        arrays the caller owns."""
+        """``(obs, rewards, flags, final_obs)`` of one process's members, as
+        :func:`step_codec.decode_answer` gives them (views of the message)."""
         data = self._answer(index)
         if data[:1] == _STEP:
             return step_codec.decode_answer(data, 1)
         observations, rewards, flags, final_obs = pickle.loads(data[1:])
-        flags = np.frombuffer(bytes(flags), np.uint8)
         return (np.stack(observations), np.asarray(rewards, np.float64),
-                (flags & step_codec.TERMINATED).astype(bool),
-                (flags & step_codec.TRUNCATED).astype(bool), final_obs)
+                np.frombuffer(bytes(flags), np.uint8), final_obs if any(flags) else None)
 
     def reset(self, seed: Optional[int] = None) -> np.ndarray:
         """Reset every member (member ``i`` with ``seed + i``)."""
@@ -180,17 +188,22 @@ class ProcessVectorEnv(VectorEnv):
             raw = step_codec.encode_actions(actions[part])
             conn.send_bytes(_STEP + raw if raw is not None else
                             _STEP_PICKLED + pickle.dumps(actions[part], pickle.HIGHEST_PROTOCOL))
-        answers = [self._step_answer(i) for i in range(len(self.conns))]
-        if len(answers) == 1:
-            obs, rewards, terminated, truncated, final_obs = answers[0]
+        if len(self.conns) == 1:
+            obs, rewards, flags, final_obs = self._step_answer(0)
+            obs, rewards = obs.copy(), rewards.copy()
         else:
-            obs = np.concatenate([a[0] for a in answers])
-            rewards = np.concatenate([a[1] for a in answers])
-            terminated = np.concatenate([a[2] for a in answers])
-            truncated = np.concatenate([a[3] for a in answers])
-            final_obs = [f for a in answers for f in a[4]]
+            answers = [self._step_answer(i) for i in range(len(self.conns))]
+            observations, returns, flag_parts, finals = zip(*answers)
+            obs, rewards = np.concatenate(observations), np.concatenate(returns)
+            flags = np.concatenate(flag_parts)
+            final_obs = None
+            if finals.count(None) != len(finals):
+                final_obs = [f for part, members in zip(self.slices, finals)
+                             for f in (members or [None] * (part.stop - part.start))]
+        terminated = (flags & step_codec.TERMINATED).view(bool)
+        truncated = ((flags & step_codec.TRUNCATED) >> 1).view(bool)   # each 0 or 1: bools
         info = {"episodes": self._tally.add(rewards, terminated | truncated)}
-        if info["episodes"]:
+        if final_obs is not None:
             info["final_obs"] = final_obs
         return obs, rewards, terminated, truncated, info
 

@@ -10,11 +10,15 @@ is::
 
 with flag bits :data:`TERMINATED` and :data:`TRUNCATED`. The encoders return None
 for what does not fit (dict or tuple observations, object or string arrays, final
-observations of another shape): the caller then pickles. The decoders return arrays
-that the caller owns (writable copies).
+observations of another shape): the caller then pickles.
+
+A step's arrays keep their dtype and shape from one step to the next, so a header is
+built, and read, once per dtype and shape (cached), not once per step: the codec runs
+in the learner for every process at every step.
 """
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from typing import Any, List, Optional, Sequence, Tuple
@@ -27,25 +31,35 @@ _NUMERIC = frozenset("biuf")
 _BYTE = struct.Struct("<B")
 
 
+@functools.lru_cache(maxsize=256)
+def _header(dtype: str, shape: Tuple[int, ...]) -> bytes:
+    """The header of an array of ``dtype`` (numpy's spelling) and ``shape``."""
+    code = dtype.encode()
+    return b"".join((_BYTE.pack(len(code)), code, _BYTE.pack(len(shape)),
+                     struct.pack(f"<{len(shape)}I", *shape)))
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(header: bytes) -> Tuple[np.dtype, Tuple[int, ...], int, int]:
+    """``(dtype, shape, count, buffer size)`` that a header describes."""
+    size = header[0]
+    dtype = np.dtype(header[1:1 + size].decode())
+    shape = struct.unpack_from(f"<{header[1 + size]}I", header, 2 + size)
+    count = math.prod(shape)
+    return dtype, shape, count, count * dtype.itemsize
+
+
 def encode_array(array: np.ndarray) -> bytes:
     """An array of numbers as header and buffer."""
-    dtype = array.dtype.str.encode()
-    return b"".join((_BYTE.pack(len(dtype)), dtype, _BYTE.pack(array.ndim),
-                     struct.pack(f"<{array.ndim}I", *array.shape),
-                     np.ascontiguousarray(array).tobytes()))
+    return _header(array.dtype.str, array.shape) + array.tobytes()
 
 
 def decode_array(data: bytes, offset: int) -> Tuple[np.ndarray, int]:
     """The array at ``offset`` (a read-only view of ``data``) and the offset after it."""
-    size = data[offset]
-    dtype = np.dtype(data[offset + 1:offset + 1 + size].decode())
-    offset += 1 + size
-    ndim = data[offset]
-    shape = struct.unpack_from(f"<{ndim}I", data, offset + 1)
-    offset += 1 + 4 * ndim
-    count = math.prod(shape)
-    array = np.frombuffer(data, dtype, count, offset).reshape(shape)
-    return array, offset + count * dtype.itemsize
+    ndim_at = offset + 1 + data[offset]
+    start = ndim_at + 1 + 4 * data[ndim_at]
+    dtype, shape, count, size = _layout(data[offset:start])
+    return np.frombuffer(data, dtype, count, start).reshape(shape), start + size
 
 
 def encode_actions(actions: np.ndarray) -> Optional[bytes]:
@@ -54,7 +68,8 @@ def encode_actions(actions: np.ndarray) -> Optional[bytes]:
 
 
 def decode_actions(data: bytes, offset: int) -> np.ndarray:
-    """The actions of a request (after its ``offset`` bytes of request code)."""
+    """The actions of a request (after its ``offset`` bytes of request code), a copy
+    the caller owns."""
     return decode_array(data, offset)[0].copy()
 
 
@@ -74,27 +89,27 @@ def encode_answer(observations: Sequence[Any], rewards: Sequence[Any], flags: by
         if final.dtype != obs.dtype or final.shape != obs.shape[1:]:
             return None
         last.append(final.tobytes())
-    return b"".join((encode_array(obs), returns.tobytes(), bytes(flags), *last))
+    return b"".join((encode_array(obs), returns.tobytes(), flags, *last))
 
 
 def decode_answer(data: bytes, offset: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                       np.ndarray, List[Any]]:
-    """``(observations, rewards, terminated, truncated, final_obs)`` of an answer;
-    ``final_obs`` has None for the members whose episode goes on."""
+                                                       Optional[List[Any]]]:
+    """``(observations, rewards, flags, final_obs)`` of an answer. The first three are
+    read-only views of ``data`` (the caller copies what it keeps); ``final_obs`` is
+    None when no member's episode ended, else a list with a copy of the final
+    observation of each member whose episode ended and None for the others."""
     obs, offset = decode_array(data, offset)
-    count = obs.shape[0]
-    rewards = np.frombuffer(data, np.float64, count, offset).copy()
+    count = len(obs)
+    rewards = np.frombuffer(data, np.float64, count, offset)
     offset += 8 * count
-    flag_bytes = data[offset:offset + count]
+    flags = np.frombuffer(data, np.uint8, count, offset)
+    if data.count(0, offset, offset + count) == count:
+        return obs, rewards, flags, None
     offset += count
-    flags = np.frombuffer(flag_bytes, np.uint8)
     final_obs: List[Any] = [None] * count
-    if flag_bytes.count(0) != count:   # an episode ended
-        per_obs = math.prod(obs.shape[1:])
-        for member in np.flatnonzero(flags):
-            final_obs[member] = np.frombuffer(data, obs.dtype, per_obs, offset).reshape(
-                obs.shape[1:]).copy()
-            offset += per_obs * obs.dtype.itemsize
-    # each flag bit is 0 or 1 after the mask and shift: a bool array's bytes as they are
-    return (obs.copy(), rewards, (flags & TERMINATED).view(bool),
-            ((flags & TRUNCATED) >> 1).view(bool), final_obs)
+    shape = obs.shape[1:]
+    per_obs = math.prod(shape)
+    for member in np.flatnonzero(flags):
+        final_obs[member] = np.frombuffer(data, obs.dtype, per_obs, offset).reshape(shape).copy()
+        offset += per_obs * obs.dtype.itemsize
+    return obs, rewards, flags, final_obs
