@@ -480,10 +480,17 @@ class Connection(PipeEndClosing):
 
     def poll(self, timeout: Optional[float] = 0.0) -> bool:
         """Whether there is data to read, waiting up to ``timeout`` s (None: forever)."""
-        self._check_readable()
+        if self._closed or not self._readable:
+            self._check_readable()   # raises why it cannot
+        self._used = True
         if timeout is not None and timeout < 0:
             timeout = 0.0
-        if timeout != 0 and self._pid == jobenv.pid:   # a wait here: the short way first
+        if self._pid == jobenv.pid:   # active here (else _wait activates it)
+            if self._pending or self._eof:
+                return True
+            if timeout == 0:
+                return self._wait(0)
+            # a wait: the short way first
             started = time.monotonic()
             self._take_quick(None, 1.0 if timeout is None else min(timeout, 1.0))
             if self._pending:
@@ -500,25 +507,23 @@ class Connection(PipeEndClosing):
         when the message is of another kind (``kind`` None: ``poll``), which then
         waits in the pending messages."""
         self._used = True
+        pending = self._pending
+        if pending:   # (what a poll took): no need to be connected to hand it out
+            if (pending[0][0] == kind and len(pending[0][1]) == 1 and self._pid == jobenv.pid
+                    and self._readable and not self._closed):
+                return pending.popleft()[1][0]
+            return None
         if (self._pid != jobenv.pid or not self._readable or self._closed or self._suspect
                 or self._eof or self._peer_loc is None):
             return None
-        pending = self._pending
-        if not pending:
-            inbox = self._inbox
-            if inbox is None:
-                return None
+        inbox = self._inbox
+        if inbox is not None:
             try:
-                payload = inbox.take(kind, pending, timeout)
+                return inbox.take(kind, pending, timeout)
             except ValueError:   # its epoll set was closed under this thread
-                return None
+                pass
             except EOFError:   # a forged message: the stream was dropped
                 self._stream_ended(STREAM_DROPPED)
-                return None
-            if payload is not None:
-                return payload
-        if pending and pending[0][0] == kind and len(pending[0][1]) == 1:
-            return pending.popleft()[1][0]
         return None
 
     def recv(self) -> Any:

@@ -180,6 +180,52 @@ def test_step_codec_round_trips_numbers_and_declines_the_rest():
     assert step_codec.encode_actions(np.array([object()])) is None
 
 
+def test_step_codec_splits_requests_and_joins_answers_of_several_processes():
+    from rl.envs import step_codec
+    actions = np.array([[1, 2], [3, 4], [5, 6]], np.int64)
+    first, second = step_codec.encode_requests(actions, ((0, 2), (2, 3)), b"s")
+    assert np.array_equal(step_codec.decode_actions(first, 1), actions[:2])
+    assert np.array_equal(step_codec.decode_actions(second, 1), actions[2:])
+    assert step_codec.encode_requests(np.array([object()] * 3), ((0, 3),), b"s") is None
+    two = b"s" + step_codec.encode_answer([np.zeros(3, np.float32), np.ones(3, np.float32)],
+                                          [0.5, 1.5], bytearray(2), [])
+    ended = b"s" + step_codec.encode_answer([np.full(3, 2, np.float32)], [2.5],
+                                            bytearray([step_codec.TERMINATED]),
+                                            [np.full(3, 9, np.float32)])
+    obs, rewards, flags, finals = step_codec.decode_answers([two, ended], ord("s"))
+    assert obs.shape == (3, 3) and obs.dtype == np.float32 and obs.flags.writeable
+    assert obs[:, 0].tolist() == [0.0, 1.0, 2.0] and rewards.tolist() == [0.5, 1.5, 2.5]
+    assert flags.tolist() == [0, 0, step_codec.TERMINATED]
+    assert finals[:2] == [None, None] and finals[2].tolist() == [9.0] * 3
+    assert step_codec.decode_answers([two, two], ord("s"))[3] is None   # no episode ended
+    # another dtype or a pickled answer: declined, the caller decodes one by one
+    doubles = b"s" + step_codec.encode_answer([np.zeros(3)], [0.0], bytearray(1), [])
+    assert step_codec.decode_answers([two, doubles], ord("s")) is None
+    assert step_codec.decode_answers([two, b"S" + doubles[1:]], ord("s")) is None
+
+
+class _MixedDtypeEnv(gym.Env):
+    """Member 0 observes float32, the others float64: answers the joint decode declines."""
+    observation_space = gym.spaces.Box(-1, 1, (2,))
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.dtype = np.float32 if seed == 0 else np.float64
+        return np.zeros(2, self.dtype), {}
+
+    def step(self, action):
+        return np.full(2, action, self.dtype), 1.0, False, False, {}
+
+
+def test_process_vector_env_steps_members_of_different_dtypes():
+    with ProcessVectorEnv(_MixedDtypeEnv, 2) as env:
+        env.reset(seed=0)
+        obs, rewards, terminated, truncated, info = env.step([0, 1])
+    assert obs.dtype == np.float64 and obs.tolist() == [[0.0, 0.0], [1.0, 1.0]]
+    assert rewards.tolist() == [1.0, 1.0] and not terminated.any() and not truncated.any()
+
+
 class _DictObsEnv(gym.Env):
     """A dict observation space: the pickled path of ProcessVectorEnv."""
     observation_space = gym.spaces.Dict({"x": gym.spaces.Box(-1, 1, (2,))})

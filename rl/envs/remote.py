@@ -111,6 +111,7 @@ class ProcessVectorEnv(VectorEnv):
         for p in range(n_procs):
             start = p * envs_per_process
             self.slices.append(slice(start, min(self.num_envs, start + envs_per_process)))
+        self._bounds = tuple((part.start, part.stop) for part in self.slices)
         self.conns: List[Any] = []
         self.procs: List[Any] = []
         try:
@@ -160,15 +161,24 @@ class ProcessVectorEnv(VectorEnv):
                 return
             waited += 1.0
 
-    def _step_answer(self, index: int) -> tuple:
-        """``(obs, rewards, flags, final_obs)`` of one process's members, as
-        :func:`step_codec.decode_answer` gives them (views of the message)."""
-        data = self._answer(index)
-        if data[:1] == _STEP:
-            return step_codec.decode_answer(data, 1)
-        observations, rewards, flags, final_obs = pickle.loads(data[1:])
-        return (np.stack(observations), np.asarray(rewards, np.float64),
-                np.frombuffer(bytes(flags), np.uint8), final_obs if any(flags) else None)
+    def _decode_one_by_one(self, answers: List[bytes]) -> tuple:
+        """``(obs, rewards, flags, final_obs)`` of answers that
+        :func:`step_codec.decode_answers` declined, each decoded alone."""
+        parts = []
+        for data, part in zip(answers, self.slices):
+            if data[:1] == _STEP:
+                parts.append(step_codec.decode_answer(data, 1))
+                continue
+            observations, rewards, flags, final_obs = pickle.loads(data[1:])
+            parts.append((np.stack(observations), np.asarray(rewards, np.float64),
+                          np.frombuffer(bytes(flags), np.uint8), final_obs if any(flags) else None))
+        observations, returns, flag_parts, finals = zip(*parts)
+        final_obs = None
+        if finals.count(None) != len(finals):
+            final_obs = [f for part, members in zip(self.slices, finals)
+                         for f in (members or [None] * (part.stop - part.start))]
+        return (np.concatenate(observations), np.concatenate(returns),
+                np.concatenate(flag_parts), final_obs)
 
     def reset(self, seed: Optional[int] = None) -> np.ndarray:
         """Reset every member (member ``i`` with ``seed + i``)."""
@@ -184,22 +194,17 @@ class ProcessVectorEnv(VectorEnv):
         if len(actions) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
         actions = np.asarray(actions)
-        for conn, part in zip(self.conns, self.slices):
-            raw = step_codec.encode_actions(actions[part])
-            conn.send_bytes(_STEP + raw if raw is not None else
-                            _STEP_PICKLED + pickle.dumps(actions[part], pickle.HIGHEST_PROTOCOL))
-        if len(self.conns) == 1:
-            obs, rewards, flags, final_obs = self._step_answer(0)
-            obs, rewards = obs.copy(), rewards.copy()
-        else:
-            answers = [self._step_answer(i) for i in range(len(self.conns))]
-            observations, returns, flag_parts, finals = zip(*answers)
-            obs, rewards = np.concatenate(observations), np.concatenate(returns)
-            flags = np.concatenate(flag_parts)
-            final_obs = None
-            if finals.count(None) != len(finals):
-                final_obs = [f for part, members in zip(self.slices, finals)
-                             for f in (members or [None] * (part.stop - part.start))]
+        requests = step_codec.encode_requests(actions, self._bounds, _STEP)
+        if requests is None:
+            requests = [_STEP_PICKLED + pickle.dumps(actions[part], pickle.HIGHEST_PROTOCOL)
+                        for part in self.slices]
+        for conn, request in zip(self.conns, requests):
+            conn.send_bytes(request)
+        answers = [self._answer(i) for i in range(len(self.conns))]
+        decoded = step_codec.decode_answers(answers, _STEP[0])
+        if decoded is None:   # pickled answers, or members whose observations differ
+            decoded = self._decode_one_by_one(answers)
+        obs, rewards, flags, final_obs = decoded
         terminated = (flags & step_codec.TERMINATED).view(bool)
         truncated = ((flags & step_codec.TRUNCATED) >> 1).view(bool)   # each 0 or 1: bools
         info = {"episodes": self._tally.add(rewards, terminated | truncated)}

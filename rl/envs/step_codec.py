@@ -49,6 +49,16 @@ def _layout(header: bytes) -> Tuple[np.dtype, Tuple[int, ...], int, int]:
     return dtype, shape, count, count * dtype.itemsize
 
 
+@functools.lru_cache(maxsize=64)
+def _request_heads(prefix: bytes, dtype: str, shape: Tuple[int, ...],
+                   bounds: Tuple[Tuple[int, int], ...]) -> Tuple[Tuple[bytes, int, int], ...]:
+    """For each part ``(start, stop)`` of the members: its request's first bytes
+    (``prefix`` and header) and where its actions are in the whole buffer."""
+    row = np.dtype(dtype).itemsize * math.prod(shape[1:])
+    return tuple((prefix + _header(dtype, (stop - start, *shape[1:])), start * row, stop * row)
+                 for start, stop in bounds)
+
+
 def encode_array(array: np.ndarray) -> bytes:
     """An array of numbers as header and buffer."""
     return _header(array.dtype.str, array.shape) + array.tobytes()
@@ -65,6 +75,17 @@ def decode_array(data: bytes, offset: int) -> Tuple[np.ndarray, int]:
 def encode_actions(actions: np.ndarray) -> Optional[bytes]:
     """A request's bytes, or None if the actions are not numbers."""
     return encode_array(actions) if actions.dtype.kind in _NUMERIC else None
+
+
+def encode_requests(actions: np.ndarray, bounds: Tuple[Tuple[int, int], ...],
+                    prefix: bytes) -> Optional[List[bytes]]:
+    """The requests of several processes at once, each ``prefix`` and the actions of its
+    members ``[start, stop)`` (``bounds``), or None if the actions are not numbers."""
+    if actions.dtype.kind not in _NUMERIC:
+        return None
+    raw = actions.tobytes()
+    return [head + raw[start:stop]
+            for head, start, stop in _request_heads(prefix, actions.dtype.str, actions.shape, bounds)]
 
 
 def decode_actions(data: bytes, offset: int) -> np.ndarray:
@@ -113,3 +134,45 @@ def decode_answer(data: bytes, offset: int) -> Tuple[np.ndarray, np.ndarray, np.
         final_obs[member] = np.frombuffer(data, obs.dtype, per_obs, offset).reshape(shape).copy()
         offset += per_obs * obs.dtype.itemsize
     return obs, rewards, flags, final_obs
+
+
+def decode_answers(answers: Sequence[bytes], code: int) -> Optional[Tuple[
+        np.ndarray, np.ndarray, np.ndarray, Optional[List[Any]]]]:
+    """``(observations, rewards, flags, final_obs)`` of all members from the answers of
+    several processes in member order (each answer is the byte ``code`` and an answer
+    as :func:`encode_answer` makes it): arrays the caller owns, and ``final_obs`` as
+    :func:`decode_answer` gives it. None when an answer does not start with ``code``
+    or the observations of two answers differ in dtype or shape (the caller decodes
+    them one by one)."""
+    obs_parts, reward_parts, flag_parts = [], [], []
+    finals: Optional[List[Any]] = None
+    first = None
+    total = 0
+    for data in answers:
+        if data[0] != code:
+            return None
+        ndim_at = 2 + data[1]
+        start = ndim_at + 1 + 4 * data[ndim_at]
+        dtype, shape, _, size = layout = _layout(data[1:start])
+        if first is None:
+            first = layout
+        elif dtype != first[0] or shape[1:] != first[1][1:]:
+            return None
+        members = shape[0]
+        total += members
+        rewards_at = start + size
+        flags_at = rewards_at + 8 * members
+        end = flags_at + members
+        obs_parts.append(data[start:rewards_at])
+        reward_parts.append(data[rewards_at:flags_at])
+        flag_parts.append(data[flags_at:end])
+        if data.count(0, flags_at, end) != members or finals is not None:
+            if finals is None:   # the first episode end: None for the members before
+                finals = [None] * (total - members)
+            finals += decode_answer(data, 1)[3] or [None] * members
+    if first is None:
+        raise ValueError("no answers to decode")
+    dtype, shape = first[0], first[1][1:]
+    obs = np.frombuffer(bytearray().join(obs_parts), dtype).reshape(total, *shape)
+    rewards = np.frombuffer(bytearray().join(reward_parts), np.float64)
+    return obs, rewards, np.frombuffer(b"".join(flag_parts), np.uint8), finals
