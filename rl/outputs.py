@@ -94,7 +94,9 @@ class Checkpoint(Hook):
 
 class Summary(Hook):
     """Write ``summary.json`` after every evaluation and at the end; ``curve.png`` at
-    most every ``plot_every_s`` seconds (plotting is slow) and at the end."""
+    the end and, during a longer run, at most every ``plot_every_s`` seconds from its
+    start: plotting is slow (the first plot ~1 s, matplotlib's import), and a curve
+    of the first evaluation alone would stall training for a single point."""
 
     def __init__(self, directory: os.PathLike, evaluate: Evaluate, info: Dict[str, Any],
                  plot_every_s: float = 30.0) -> None:
@@ -105,6 +107,7 @@ class Summary(Hook):
 
     def experiment_pre(self, run: RunState) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.plotted_at = time.monotonic()   # the first plot: plot_every_s in, or the end
 
     def learn_post(self, run: RunState, stats: Dict[str, float]) -> None:
         if len(run.evaluations) != self.written_evaluations:

@@ -227,6 +227,32 @@ def test_checkpoint_resume_continues_counters_policy_and_curve(tmp_path):
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_summary_plots_only_at_the_end_of_a_short_run(tmp_path, monkeypatch):
+    """summary.json follows every evaluation; the slow curve.png waits plot_every_s from
+    the start (or the end), so training does not stall to plot the first point."""
+    import rl.outputs
+    plotted = []
+    real_plot = rl.outputs.plot_curve
+    monkeypatch.setattr(rl.outputs, "plot_curve",
+                        lambda evaluations, *a, **k: (plotted.append(len(evaluations)),
+                                                      real_plot(evaluations, *a, **k)))
+
+    class Watch(Hook):
+        def learn_post(self, run, stats):
+            if (tmp_path / "summary.json").exists():
+                seen.append(json.loads((tmp_path / "summary.json").read_text())["finished"])
+
+    seen = []
+    env = rl.make_vector_env(TwoArmedBandit, 2, seed=0)
+    policy = Bandit(env.observation_space, env.action_space, seed=0)
+    evaluate = Evaluate(TwoArmedBandit, every_steps=16, episodes=2)
+    summary = Summary(tmp_path, evaluate, {"algo": "bandit"}, plot_every_s=600)
+    state = rl.run(policy, env, rl.AfterSteps(48), [evaluate, summary, Watch()])
+    assert seen and seen[0] is False   # written during the run
+    assert plotted == [len(state.evaluations)]   # one plot, at the end, of every point
+    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_the_vanilla_policy_gradient_example_learns_cartpole():
     import importlib.util
     from pathlib import Path
