@@ -5,7 +5,8 @@ Layout of an output directory::
 
     DIR/summary.json            algo, env, seed, env_steps, wall_s, eval_mean, eval_std,
                                 curve [[env_steps, eval_mean], ...], solved_at_steps, ...
-    DIR/curve.png               evaluation mean (± std) against env steps
+    DIR/curve.png               evaluation mean (± std) against env steps (at the end,
+                                and every 30 s of a longer run)
     DIR/checkpoints/step-N.pt   policy state and run counters (the newest ``keep``)
     DIR/tb/                     TensorBoard events (rl.hooks.TensorBoard)
 
