@@ -192,7 +192,8 @@ def test_step_codec_splits_requests_and_joins_answers_of_several_processes():
                                             bytearray([step_codec.TERMINATED]),
                                             [np.full(3, 9, np.float32)])
     obs, rewards, flags, finals = step_codec.decode_answers([two, ended], ord("s"))
-    assert obs.shape == (3, 3) and obs.dtype == np.float32 and obs.flags.writeable
+    assert obs.shape == (3, 3) and obs.dtype == np.float32
+    assert obs.flags.writeable and rewards.flags.writeable and flags.flags.writeable
     assert obs[:, 0].tolist() == [0.0, 1.0, 2.0] and rewards.tolist() == [0.5, 1.5, 2.5]
     assert flags.tolist() == [0, 0, step_codec.TERMINATED]
     assert finals[:2] == [None, None] and finals[2].tolist() == [9.0] * 3

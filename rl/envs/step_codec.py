@@ -173,4 +173,4 @@ def decode_answers(answers: Sequence[bytes], code: int) -> Optional[Tuple[
     dtype, shape = first[0], first[1][1:]
     obs = np.frombuffer(bytearray().join(obs_parts), dtype).reshape(total, *shape)
     rewards = np.frombuffer(bytearray().join(reward_parts), np.float64)
-    return obs, rewards, np.frombuffer(b"".join(flag_parts), np.uint8), finals
+    return obs, rewards, np.frombuffer(bytearray().join(flag_parts), np.uint8), finals
