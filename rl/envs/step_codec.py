@@ -67,11 +67,29 @@ def encode_array(array: np.ndarray) -> bytes:
     return _header(array.dtype.str, array.shape) + array.tobytes()
 
 
-def decode_array(data: bytes, offset: int) -> Tuple[np.ndarray, int]:
-    """The array at ``offset`` (a read-only view of ``data``) and the offset after it."""
+def _array_at(data: bytes, offset: int) -> Tuple[np.dtype, Tuple[int, ...], int, int, int]:
+    """``(dtype, shape, count, buffer size, buffer start)`` of the array whose header
+    is at ``offset``."""
     ndim_at = offset + 1 + data[offset]
     start = ndim_at + 1 + 4 * data[ndim_at]
-    dtype, shape, count, size = _layout(data[offset:start])
+    return (*_layout(data[offset:start]), start)
+
+
+def _final_observations(data: bytes, offset: int, flags: np.ndarray, dtype: np.dtype,
+                        shape: Tuple[int, ...]) -> List[Any]:
+    """The final observations that follow ``offset``: a copy for each member whose flag
+    is set, None for the others."""
+    final_obs: List[Any] = [None] * len(flags)
+    per_obs = math.prod(shape)
+    for member in np.flatnonzero(flags):
+        final_obs[member] = np.frombuffer(data, dtype, per_obs, offset).reshape(shape).copy()
+        offset += per_obs * dtype.itemsize
+    return final_obs
+
+
+def decode_array(data: bytes, offset: int) -> Tuple[np.ndarray, int]:
+    """The array at ``offset`` (a read-only view of ``data``) and the offset after it."""
+    dtype, shape, count, size, start = _array_at(data, offset)
     return np.frombuffer(data, dtype, count, start).reshape(shape), start + size
 
 
@@ -124,14 +142,8 @@ def decode_answer(data: bytes, offset: int) -> Tuple[np.ndarray, np.ndarray, np.
     flags = np.frombuffer(data, np.uint8, count, offset)
     if data.count(0, offset, offset + count) == count:
         return obs, rewards, flags, None
-    offset += count
-    final_obs: List[Any] = [None] * count
-    shape = obs.shape[1:]
-    per_obs = math.prod(shape)
-    for member in np.flatnonzero(flags):
-        final_obs[member] = np.frombuffer(data, obs.dtype, per_obs, offset).reshape(shape).copy()
-        offset += per_obs * obs.dtype.itemsize
-    return obs, rewards, flags, final_obs
+    return obs, rewards, flags, _final_observations(data, offset + count, flags, obs.dtype,
+                                                    obs.shape[1:])
 
 
 def decode_answers(answers: Sequence[bytes], code: int) -> Optional[Tuple[
@@ -149,11 +161,11 @@ def decode_answers(answers: Sequence[bytes], code: int) -> Optional[Tuple[
     for data in answers:
         if data[0] != code:
             return None
-        ndim_at = 2 + data[1]
-        start = ndim_at + 1 + 4 * data[ndim_at]
-        dtype, shape, _, size = layout = _layout(data[1:start])
+        ndim_at = 2 + data[1]   # _array_at(data, 1), inline: this runs for every process
+        start = ndim_at + 1 + 4 * data[ndim_at]   # at every step
+        dtype, shape, _, size = _layout(data[1:start])
         if first is None:
-            first = layout
+            first = dtype, shape
         elif dtype != first[0] or shape[1:] != first[1][1:]:
             return None
         members = shape[0]
@@ -164,10 +176,14 @@ def decode_answers(answers: Sequence[bytes], code: int) -> Optional[Tuple[
         obs_parts.append(data[start:rewards_at])
         reward_parts.append(data[rewards_at:flags_at])
         flag_parts.append(data[flags_at:end])
-        if data.count(0, flags_at, end) != members or finals is not None:
-            if finals is None:   # the first episode end: None for the members before
-                finals = [None] * (total - members)
-            finals += decode_answer(data, 1)[3] or [None] * members
+        ended = data.count(0, flags_at, end) != members
+        if ended and finals is None:   # the first episode end: None for the members before
+            finals = [None] * (total - members)
+        if ended:
+            finals += _final_observations(data, end, np.frombuffer(data, np.uint8, members,
+                                                                    flags_at), dtype, shape[1:])
+        elif finals is not None:
+            finals += [None] * members
     if first is None:
         raise ValueError("no answers to decode")
     dtype, shape = first[0], first[1][1:]
