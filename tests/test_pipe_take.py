@@ -56,6 +56,33 @@ def test_nothing_within_the_timeout_is_none(lone):
     assert not into
 
 
+def test_a_message_already_there_is_read_without_a_wait(lone, monkeypatch):
+    """A reply that arrived before the ``recv`` costs one read: no ``epoll``, no spin."""
+    inbox, sender, _ = lone
+    sender.send_small(b"o", b"here already")
+
+    def no_wait(timeout):
+        raise AssertionError("take() waited for a message that was there")
+    monkeypatch.setattr(inbox, "_events", no_wait)
+    assert inbox.take(b"o", collections.deque(), 5.0) == b"here already"
+
+
+def test_the_read_before_the_wait_backs_off_while_it_finds_nothing(lone):
+    """A try that found nothing skips the next one (then 2, 4, ...); the message still
+    comes through the wait, and a try that finds one tries at every wait again."""
+    inbox, sender, _ = lone
+    into = collections.deque()
+    assert inbox.take(b"o", into, 0.01) is None          # tried, found nothing
+    assert inbox._probe.skip == 1
+    threading.Timer(0.05, sender.send_small, (b"o", b"late")).start()
+    assert inbox.take(b"o", into, 5.0) == b"late"        # no try: it waited for it
+    assert inbox._probe.skip == 0
+    sender.send_small(b"o", b"early")
+    assert inbox.take(b"o", into, 5.0) == b"early"       # tried, and found it
+    assert inbox._probe.skip == 0 and inbox._probe._backoff == 0
+    assert not into
+
+
 def test_several_messages_in_one_read_all_go_to_the_general_path_in_order(lone):
     inbox, sender, _ = lone
     into = collections.deque()

@@ -58,37 +58,49 @@ def spin_budget() -> float:
     return get_config().spin_wait_us * 1e-6 if usable_cpus() > 1 else 0.0
 
 
-class SpinGate:
-    """One waiter's spin decisions: before a wait, whether to spin (rules 1 and 3);
-    after a spin, whether it caught the message (rule 3's evidence).
-
-    A spin that caught nothing cost its whole budget and saved nothing: the waiter
-    then skips the spin for its next 1, 2, 4, ... up to :data:`MAX_SKIPS` waits and
-    tries again; a spin that catches its message starts spinning at every wait again.
-    """
+class Backoff:
+    """Whether to try, at each chance, something that pays only when it hits: after a
+    miss, the next 1, 2, 4, ... up to :data:`MAX_SKIPS` chances are skipped, with a try
+    in between; a hit makes every chance try again."""
 
     __slots__ = ("skip", "_backoff")
 
     def __init__(self) -> None:
-        self.skip = 0        # waits to go without a spin
+        self.skip = 0        # chances to skip
         self._backoff = 0    # the skip after the next miss, halved
 
-    def should_spin(self, budget: float) -> bool:
-        """Whether to spin for up to ``budget`` s before the next wait."""
-        if not budget:
-            return False
+    def due(self) -> bool:
+        """Whether to try at this chance."""
         if self.skip:
             self.skip -= 1
             return False
-        return _runnable.spare()
+        return True
 
-    def spun(self, caught: bool) -> None:
-        """Record whether the spin just made caught its message."""
-        if caught:
+    def record(self, hit: bool) -> None:
+        """Record whether the try just made hit."""
+        if hit:
             self._backoff = 0
         else:
             self._backoff = min(MAX_SKIPS, 2 * self._backoff or 1)
             self.skip = self._backoff
+
+
+class SpinGate(Backoff):
+    """One waiter's spin decisions: before a wait, whether to spin (rules 1 and 3);
+    after a spin, whether it caught the message (rule 3's evidence, kept by
+    :class:`Backoff`: a spin that caught nothing cost its whole budget and saved
+    nothing).
+    """
+
+    __slots__ = ()
+
+    def should_spin(self, budget: float) -> bool:
+        """Whether to spin for up to ``budget`` s before the next wait."""
+        return bool(budget) and self.due() and _runnable.spare()
+
+    def spun(self, caught: bool) -> None:
+        """Record whether the spin just made caught its message."""
+        self.record(caught)
 
 
 def spin_for(ready: Callable[[], bool], seconds: float) -> bool:
@@ -203,5 +215,5 @@ def _cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> Optional[float]:
     return None if quota_us <= 0 else quota_us / period_us
 
 
-__all__ = ["spin_budget", "SpinGate", "spin_for", "core_to_spare", "usable_cpus",
+__all__ = ["spin_budget", "Backoff", "SpinGate", "spin_for", "core_to_spare", "usable_cpus",
            "parse_runnable", "runnable_readings", "forget_reading", "MAX_SKIPS", "RECHECK_S"]
