@@ -51,8 +51,8 @@ from ._runtime import dropped, jobenv
 from ._runtime.rpc import client_for
 from ._wire.buffers import receive_target, send_slice
 from ._services.pipe_closing import PipeEndClosing, live_ends, process_id
-from ._services.pipe_inbox import (OUTBOX_BROKE, STREAM_DROPPED, Inbox, LocalOutbox, Outbox,
-                                    pipe_ends)
+from ._services.pipe_inbox import OUTBOX_BROKE, STREAM_DROPPED, Inbox, pipe_ends
+from ._services.pipe_outbox import LocalOutbox, Outbox
 from ._services.pipe_registry import CLOSE, pipe_registry
 from .connection_wait import wait
 from .listener import CHALLENGE, Client, Listener, answer_challenge, deliver_challenge, families

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from fiberrl._services import pipe_inbox
-from fiberrl._services.pipe_inbox import _STAMP, Inbox
+from fiberrl._services.pipe_inbox import Inbox
+from fiberrl._services.pipe_stamp import STAMP
 from fiberrl._wire.stream import Stream
 
 
@@ -29,7 +30,7 @@ def two_senders():
 
 
 def _stamped(sent_at, body):
-    return [_STAMP.pack(sent_at, 0) + body]
+    return [STAMP.pack(sent_at, 0) + body]
 
 
 def _receive(inbox, count, seconds=2.0):
@@ -48,7 +49,7 @@ def test_messages_from_several_senders_come_in_the_order_they_were_sent(two_send
     inbox merges what one poll brought by send time (CPython's Barrier test_thousand
     failed once on this: 514 before 513)."""
     inbox, senders = two_senders
-    now = pipe_inbox._clock_ns()
+    now = pipe_inbox.clock_ns()
     first, second = senders if earlier_on_first else senders[::-1]
     first.send(b"o", _stamped(now, b"sent first"))
     second.send(b"o", _stamped(now + 1000, b"sent second"))
@@ -67,7 +68,7 @@ def test_a_sender_whose_clock_is_off_is_neither_held_back_nor_lost(two_senders, 
     inbox, senders = two_senders
     off_clock = (1 << 64) - 1 if skew == "far_ahead" else 0
     senders[0].send(b"o", _stamped(off_clock, b"from the other host"))
-    senders[1].send(b"o", _stamped(pipe_inbox._clock_ns(), b"from this host"))
+    senders[1].send(b"o", _stamped(pipe_inbox.clock_ns(), b"from this host"))
     assert sorted(_receive(inbox, 2)) == [b"from the other host", b"from this host"]
 
 
@@ -76,14 +77,14 @@ def test_one_senders_messages_keep_their_order_when_its_clock_is_set_back(two_se
     """Merging by send time must not reorder one sender's messages when its wall clock
     steps back between two sends (NTP), nor local deliveries when this host's does."""
     inbox, senders = two_senders
-    now = pipe_inbox._clock_ns()
+    now = pipe_inbox.clock_ns()
     senders[0].send(b"o", _stamped(now, b"first"))
     senders[0].send(b"o", _stamped(now - 10**10, b"second, 10 s 'earlier'"))
-    real_clock = pipe_inbox._clock_ns
+    real_clock = pipe_inbox.clock_ns
     inbox.deliver_local(b"o", [b"local first"])
-    monkeypatch.setattr(pipe_inbox, "_clock_ns", lambda: real_clock() - 10**10)
+    monkeypatch.setattr(pipe_inbox, "clock_ns", lambda: real_clock() - 10**10)
     inbox.deliver_local(b"o", [b"local second"])
-    monkeypatch.setattr(pipe_inbox, "_clock_ns", real_clock)
+    monkeypatch.setattr(pipe_inbox, "clock_ns", real_clock)
     bodies = _receive(inbox, 4)
     assert len(bodies) == 4, bodies
     assert bodies.index(b"first") < bodies.index(b"second, 10 s 'earlier'")

@@ -11,7 +11,8 @@ import threading
 
 import pytest
 
-from fiberrl._services.pipe_inbox import STREAM_DROPPED, Inbox, Outbox
+from fiberrl._services.pipe_inbox import STREAM_DROPPED, Inbox
+from fiberrl._services.pipe_outbox import Outbox
 from fiberrl._wire.auth import Signer
 from fiberrl._wire.framing import ONE_HEAD_FORMAT, write_signed
 from fiberrl.errors import ForgedMessageError

@@ -38,36 +38,19 @@ import logging
 import os
 import select
 import socket
-import struct
 import threading
 import time
-from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from .._runtime.runtime import Runtime, existing_service, service
 from .._wire.auth import MAC_BYTES, Verifier
-from .._wire.framing import (ONE_HEAD_FORMAT, SMALL, FrameReader, Message, scratch_buffer,
-                             write_signed)
+from .._wire.framing import FrameReader, Message, scratch_buffer
 from .._wire.sockets import Address
 from .._wire.spin import Backoff, SpinGate, spin_budget, spin_for
-from .._wire.stream import Stream, open_stream
 from ..errors import ForgedMessageError
+from .pipe_stamp import FRAME_AT, PAYLOAD_AT, STAMP_BYTES, clock_ns, unpack_stamped_head, unstamp
 
 logger = logging.getLogger(__name__)
-
-
-
-_STAMP = struct.Struct("!QB")   # send time (ns, _clock_ns), 1 if the message had no frames
-_SMALL_STAMPED = SMALL - _STAMP.size
-_STAMP_BYTES = _STAMP.size
-#: a one-frame message's head with the stamp that starts its frame: packed in one step
-_STAMPED_HEAD = struct.Struct(ONE_HEAD_FORMAT + _STAMP.format.lstrip("!"))
-_EMPTY_FLAG = _STAMP.size - 1   # the offset of the stamp's "no frames" byte
-_unpack_stamped_head = _STAMPED_HEAD.unpack_from
-_PAYLOAD_AT = _STAMPED_HEAD.size            # where a one-frame message's payload starts
-_FRAME_AT = _PAYLOAD_AT - _STAMP.size       # where its frame (the stamp first) starts
-#: the send-time clock: the wall clock (CLOCK_REALTIME), the one clock that hosts keep
-#: in step; a sender whose clock is off anyway is read no later than it arrived (_read)
-_clock_ns = time.time_ns
 
 #: how long an inbox that stops receiving reads on a TCP stream for what its sender
 #: wrote before it learnt of the stop (see :meth:`Inbox.stop_receiving`)
@@ -76,26 +59,6 @@ TCP_FLUSH_SECONDS = 0.2
 #: what :meth:`Inbox.receive` reports besides messages (bits)
 STREAM_DROPPED = 1   # a sender's stream ended
 OUTBOX_BROKE = 2     # the end's own outbox, which the inbox watches, ended
-
-
-def stamped(frames: Sequence[Any]) -> List[Any]:
-    """``frames`` with the send time put in front of frame 0 (the signed frame)."""
-    if not frames:
-        return [_STAMP.pack(_clock_ns(), 1)]
-    head = frames[0] if type(frames[0]) is bytes else bytes(frames[0])
-    return [_STAMP.pack(_clock_ns(), 0) + head, *frames[1:]]
-
-
-def unstamp(message: Message) -> Tuple[int, Message]:
-    """``(send time, message as it was sent)`` of a stamped message."""
-    kind, frames = message
-    head = frames[0]
-    if len(head) < _STAMP.size:
-        raise ForgedMessageError("a pipe message without its send time")
-    sent, empty = _STAMP.unpack_from(head)
-    if empty:
-        return sent, (kind, [])
-    return sent, (kind, [head[_STAMP.size:], *frames[1:]])
 
 
 class Inbox:
@@ -157,7 +120,7 @@ class Inbox:
             self._local_used = True
             self._lone = (None, None)
             # never before the last one (the clock may be set back): kept in send order
-            self._local_sent = max(self._local_sent, _clock_ns())
+            self._local_sent = max(self._local_sent, clock_ns())
             self._local.append((self._local_sent, (kind, frames)))
 
     def wake(self) -> None:
@@ -226,7 +189,7 @@ class Inbox:
             # (or was sent concurrently, without an order to keep), so after a last
             # look at every stream, what was sent up to ``horizon`` goes out in send
             # order and anything later waits for the next call (module doc).
-            horizon = _clock_ns()
+            horizon = clock_ns()
             more, ended_more = self._read(self._epoll.poll(0))
             items += more + self._held
             ended |= ended_more
@@ -280,12 +243,12 @@ class Inbox:
         if not n:
             return None   # the stream's end, which receive() reads again and reports
         try:
-            if n > _PAYLOAD_AT:
-                got, count, size, _sent, empty = _unpack_stamped_head(scratch)
-                end = _FRAME_AT + size
-                if n == end + MAC_BYTES and count == 1 and not empty and size >= _STAMP_BYTES:
+            if n > PAYLOAD_AT:
+                got, count, size, _sent, empty = unpack_stamped_head(scratch)
+                end = FRAME_AT + size
+                if n == end + MAC_BYTES and count == 1 and not empty and size >= STAMP_BYTES:
                     reader.verifier.check_one(view[end:n], view[:end])
-                    payload = bytes(view[_PAYLOAD_AT:end])
+                    payload = bytes(view[PAYLOAD_AT:end])
                     if got == kind:
                         return payload
                     into.append((got, [payload]))
@@ -325,7 +288,7 @@ class Inbox:
         host whose clock runs ahead is not held back until this clock catches up), and
         no earlier than the one before it on its stream (a clock set back cannot
         reorder one sender's messages)."""
-        read_at = _clock_ns()
+        read_at = clock_ns()
         floor = self._merged_at.get(fd, 0)
         pairs = []
         for message in messages:
@@ -500,76 +463,3 @@ def pipe_ends() -> PipeEnds:
 def existing_pipe_ends() -> Optional[PipeEnds]:
     """This process's active pipe ends if any were made (starts nothing)."""
     return existing_service("pipe-ends")
-
-
-class Outbox(Stream):
-    """The sending side of a stream to another process's inbox for one pipe end: every
-    message is stamped with its send time."""
-
-    #: how long :meth:`open` waits for the connection by default
-    SETUP_SECONDS = 10.0
-
-    def __init__(self, sock: socket.socket, send_key: bytes, recv_key: bytes) -> None:
-        super().__init__(sock, send_key, recv_key)
-        # On a Unix socket a write to a closed peer fails at once (EPIPE), so only TCP,
-        # where the first write after the peer's close still succeeds, needs a look.
-        self._look_before_send = sock.family != socket.AF_UNIX
-
-    @classmethod
-    def open(cls, address: Address, pipe_id: str, end: int,
-             timeout: Optional[float] = None) -> "Outbox":
-        """Connect to the inbox of ``(pipe_id, end)`` in the process at ``address``;
-        ``OSError`` (``ConnectionRefusedError`` when the end is not active there)."""
-        return open_stream(tuple(address), f"pipe:{pipe_id}:{end}",
-                           timeout=cls.SETUP_SECONDS if timeout is None else timeout,
-                           stream_class=cls)
-
-    def send(self, kind: bytes, frames: Sequence[Any] = ()) -> None:
-        """Write one message, stamped with its send time; ``OSError`` if the stream is
-        broken."""
-        if len(frames) == 1 and type(frames[0]) is bytes and len(frames[0]) < _SMALL_STAMPED:
-            self.send_small(kind, frames[0])
-        else:
-            super().send(kind, stamped(frames))
-
-    def send_small(self, kind: bytes, payload: bytes) -> None:
-        """``send(kind, [payload])`` for a ``bytes`` payload under 32 KiB (a pipe's hot
-        path, in one step: one piece, signed under the lock, one system call)."""
-        if self._look_before_send and self.peer_hung_up():
-            raise ConnectionResetError("the other end's stream ended")
-        with self._send_lock:   # stamped and signed in the order written
-            head = _STAMPED_HEAD.pack(kind, 1, _STAMP_BYTES + len(payload), _clock_ns(), 0)
-            write_signed(self.sock, self._signer, head + payload)
-
-    def hung_up(self) -> bool:
-        """True once the inbox closed its end (over TCP, one ``poll`` of no time; on
-        a Unix socket ``send`` itself raises ``BrokenPipeError`` then)."""
-        if self._look_before_send:
-            return self.peer_hung_up()
-        return self.closed
-
-
-class LocalOutbox:
-    """Sending to an end active in this same process: straight into its inbox."""
-
-    def __init__(self, inbox: Inbox) -> None:
-        self.inbox = inbox
-
-    def fileno(self) -> Optional[int]:
-        """None: nothing to watch."""
-        return None
-
-    def send(self, kind: bytes, frames: Sequence[Any]) -> None:
-        """Deliver a copy of the message (the sender may change its buffers after)."""
-        self.inbox.deliver_local(kind, [f if isinstance(f, bytes) else bytes(f) for f in frames])
-
-    def send_small(self, kind: bytes, payload: bytes) -> None:
-        """``send(kind, [payload])``."""
-        self.inbox.deliver_local(kind, [payload])
-
-    def hung_up(self) -> bool:
-        """True once that end closed here."""
-        return self.inbox.closed
-
-    def close(self) -> None:
-        """Nothing to close."""
