@@ -14,9 +14,11 @@ this process's acceptor and registers the acceptor's addresses with the creator'
 registry, receiving any messages that were left in its mailbox. A sender whose peer is not
 active yet leaves messages in the peer's mailbox (the registry answers "stored" or "the
 peer is now at X"), so order is kept: mailbox messages are handed over at
-registration, before any direct message can arrive. The streams themselves, their
-set-up and their authentication are described in :mod:`fiberrl.pipe_wire`; the
-rendezvous and the mailbox are calls to the creating process's "pipe" service.
+registration, before any direct message can arrive. The streams themselves are
+described in :mod:`fiberrl._services.pipe_inbox` (receiving) and
+:mod:`fiberrl._services.pipe_outbox` (sending), their format and authentication in
+:mod:`fiberrl._wire.framing`; the rendezvous and the mailbox are calls to the creating
+process's "pipe" service (:mod:`fiberrl._services.pipe_registry`).
 
 Two ends in one process hand messages over in memory (a message sent is at once
 readable, and sending never blocks on a reader that is the sender's own thread).
@@ -399,7 +401,7 @@ class Connection(PipeEndClosing):
         else:
             data = send_slice(buf, offset, size)
         self._check_writable()   # closed meanwhile by another thread?
-        # small payloads travel as the signed frame; large ones unhashed (pipe_wire)
+        # small payloads travel as the signed frame; large ones unhashed (_wire.framing)
         self._send_frames(_BYTES, [data] if len(data) < _SIGNED_BYTES else [b"", data])
 
     # -- receiving -------------------------------------------------------------------
