@@ -125,17 +125,17 @@ def test_spins_that_catch_nothing_back_off_and_a_catch_brings_them_back(fake_loa
     skipped = []
     for _ in range(9):
         assert gate.should_spin(50e-6)
-        gate.spun(False)
+        gate.record(False)
         skipped.append(gate.skip)
         while gate.skip:
             assert not gate.should_spin(50e-6)
     assert skipped == [1, 2, 4, 8, 16, 32, 64, 64, 64]
     assert gate.should_spin(50e-6)
-    gate.spun(True)                  # caught: every wait spins again
+    gate.record(True)                  # caught: every wait spins again
     for _ in range(3):
         assert gate.should_spin(50e-6)
-        gate.spun(True)
-    gate.spun(False)
+        gate.record(True)
+    gate.record(False)
     assert gate.skip == 1            # and a new miss starts the back-off from the start
 
 

@@ -325,7 +325,7 @@ class Inbox:
             return bool(found)
 
         caught = spin_for(arrived, min(self._spin, timeout))
-        self._spin_gate.spun(caught)
+        self._spin_gate.record(caught)
         if caught:
             return found
         return poll(max(0.0, timeout - (time.perf_counter() - started)))

@@ -87,9 +87,8 @@ class Backoff:
 
 class SpinGate(Backoff):
     """One waiter's spin decisions: before a wait, whether to spin (rules 1 and 3);
-    after a spin, whether it caught the message (rule 3's evidence, kept by
-    :class:`Backoff`: a spin that caught nothing cost its whole budget and saved
-    nothing).
+    after a spin, :meth:`record` whether it caught the message (rule 3's evidence: a
+    spin that caught nothing cost its whole budget and saved nothing).
     """
 
     __slots__ = ()
@@ -97,10 +96,6 @@ class SpinGate(Backoff):
     def should_spin(self, budget: float) -> bool:
         """Whether to spin for up to ``budget`` s before the next wait."""
         return bool(budget) and self.due() and _runnable.spare()
-
-    def spun(self, caught: bool) -> None:
-        """Record whether the spin just made caught its message."""
-        self.record(caught)
 
 
 def spin_for(ready: Callable[[], bool], seconds: float) -> bool:

@@ -194,7 +194,7 @@ class Stream(_Authenticated):
         if self._pending:
             return self._pending.pop(0)
         if timeout != 0 and self._spin_gate.should_spin(self.spin):
-            self._spin_gate.spun(spin_for(
+            self._spin_gate.record(spin_for(
                 self._spin_read, self.spin if timeout is None else min(self.spin, timeout)))
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._pending:
