@@ -418,6 +418,8 @@ class Connection(PipeEndClosing):
                 slice_s = min(slice_s, max(0.0, deadline - time.monotonic()))
             self._collect(slice_s)
             if self._pending:
+                if self._peer_loc is None:
+                    self._find_peer_of_a_receiver()
                 return True
             if self._peer_loc is None or self._suspect:
                 self._lookup_peer()
@@ -425,6 +427,16 @@ class Connection(PipeEndClosing):
                 return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False
+
+    def _find_peer_of_a_receiver(self) -> None:
+        """Where the peer is, for an end that has only received (a send would have told
+        it): looked up at most every :data:`_LOOKUP_INTERVAL`, so that a consumer of a
+        steady stream also takes the short way (``_take_quick``) once it knows. A look
+        that fails changes nothing: what arrived is handed out, the next wait looks again."""
+        try:
+            self._lookup_peer()
+        except OSError as exc:
+            logger.debug("pipe %s: looking up the other end failed: %s", self._pipe_id, exc)
 
     def _took_the_peers_last_words(self) -> bool:
         """The rendezvous says the peer is gone. What it sent before is in this end's

@@ -182,6 +182,36 @@ def test_a_poll_that_waits_takes_the_short_way_and_keeps_kinds_order_and_its_tim
         a.recv()
 
 
+def _stream_for(conn, seconds):
+    """Send numbers one by one for ``seconds``, then None."""
+    until, i = time.monotonic() + seconds, 0
+    while time.monotonic() < until:
+        conn.send(i)
+        i += 1
+        time.sleep(0.001)
+    conn.send(None)
+
+
+def test_an_end_that_only_receives_learns_where_its_peer_is():
+    """A consumer that never sends used to take the general receive for every message
+    of a steady stream: each wait found a message before it had cause to ask where the
+    peer is, and only a send or an empty wait asks. It now asks (at most every 0.2 s)
+    and then takes the short way, with nothing lost or reordered."""
+    a, b = fiberrl.Pipe()
+    proc = fiberrl.Process(target=_stream_for, args=(b, 1.0))
+    proc.start()
+    got = []
+    while True:
+        item = a.recv()
+        if item is None:
+            break
+        got.append(item)
+    assert got == list(range(len(got))) and len(got) > 100
+    assert a._peer_loc is not None and not a._suspect   # connected: the short way is open
+    proc.join(30)
+    assert proc.exitcode == 0
+
+
 class _ExitWhenUnpickled:
     """An argument whose unpickling ends the job: it dies before its later arguments
     (a pipe end) are rebuilt."""
