@@ -14,11 +14,13 @@ this process's acceptor and registers the acceptor's addresses with the creator'
 registry, receiving any messages that were left in its mailbox. A sender whose peer is not
 active yet leaves messages in the peer's mailbox (the registry answers "stored" or "the
 peer is now at X"), so order is kept: mailbox messages are handed over at
-registration, before any direct message can arrive. The streams themselves are
-described in :mod:`fiberrl._services.pipe_inbox` (receiving) and
-:mod:`fiberrl._services.pipe_outbox` (sending), their format and authentication in
-:mod:`fiberrl._wire.framing`; the rendezvous and the mailbox are calls to the creating
-process's "pipe" service (:mod:`fiberrl._services.pipe_registry`).
+registration, before any direct message can arrive. Activation and the stream
+to the peer are :mod:`fiberrl._services.pipe_peer`'s part of an end, closing and handing
+on :mod:`fiberrl._services.pipe_closing`'s. The streams themselves are described in
+:mod:`fiberrl._services.pipe_inbox` (receiving) and :mod:`fiberrl._services.pipe_outbox`
+(sending), their format and authentication in :mod:`fiberrl._wire.framing`; the
+rendezvous and the mailbox are calls to the creating process's "pipe" service
+(:mod:`fiberrl._services.pipe_registry`).
 
 Two ends in one process hand messages over in memory (a message sent is at once
 readable, and sending never blocks on a reader that is the sender's own thread).
@@ -52,9 +54,9 @@ from . import reduction
 from ._runtime import dropped, jobenv
 from ._runtime.rpc import client_for
 from ._wire.buffers import receive_target, send_slice
-from ._services.pipe_closing import PipeEndClosing, live_ends, process_id
-from ._services.pipe_inbox import OUTBOX_BROKE, STREAM_DROPPED, Inbox, pipe_ends
-from ._services.pipe_outbox import LocalOutbox, Outbox
+from ._services.pipe_closing import live_ends, process_id
+from ._services.pipe_inbox import STREAM_DROPPED, Inbox
+from ._services.pipe_peer import LOOKUP_INTERVAL, PROBE_SECONDS, TAKEN_AWAY, PipeEndPeer
 from ._services.pipe_registry import CLOSE, pipe_registry
 from .connection_wait import wait
 from .listener import CHALLENGE, Client, Listener, answer_challenge, deliver_challenge, families
@@ -65,21 +67,10 @@ __all__ = ["Client", "Listener", "Pipe", "wait", "Connection", "answer_challenge
            "deliver_challenge"]
 
 _OBJECT, _BYTES, _CLOSE = b"o", b"b", CLOSE
-_LOOKUP_INTERVAL = 0.2
 _SIGNED_BYTES = 1 << 16   # send_bytes payloads below this are covered by the MAC
 _QUICK_BYTES = 1 << 15    # send_bytes payloads below this take the short path
 _SEND_ATTEMPTS = 3   # tried at once; then as _Retry says
 _MOVE_SECONDS = 5.0   # how long a sender waits for a moving peer end to arrive
-#: how long a receiver waits for the close marker of a peer the rendezvous says closed
-#: cleanly (what the peer sent comes before it); a peer whose process died is not waited for
-_CLOSE_MARKER_GRACE = 2.0
-#: how long a look at the peer (a connect to where the rendezvous says it is) may block:
-#: a connect to an address that vanished with its container or host waits for ARP or
-#: SYN timeouts (seconds); a failed look is repeated a moment later (a sender's, with
-#: the usual limit once the rendezvous still names the place)
-_PROBE_SECONDS = 1.0
-_TAKEN_AWAY = ("the pipe end was closed, or sent to another process, by another thread while "
-               "this one used it")
 
 
 def close_all() -> None:
@@ -122,7 +113,7 @@ class _Retry:
         have just died with its address, where a connect waits out ARP or SYN
         timeouts: the rendezvous knows better a moment later); then the usual limit."""
         self.connects += 1
-        return _PROBE_SECONDS if self.connects == 1 else None
+        return PROBE_SECONDS if self.connects == 1 else None
 
     def again(self, conn: "Connection") -> bool:
         """Whether to try (again); ``BrokenPipeError`` once the time is up."""
@@ -138,7 +129,7 @@ class _Retry:
         return True
 
 
-class Connection(PipeEndClosing):
+class Connection(PipeEndPeer):
     """One end of a :func:`Pipe`: ``send``/``recv`` objects, ``send_bytes``/``recv_bytes``."""
 
     def __init__(self, pipe_id: str, end: int, registry: str, readable: bool = True,
@@ -181,92 +172,6 @@ class Connection(PipeEndClosing):
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("active" if self._pid == jobenv.pid else "idle")
         return f"<fiberrl.Connection pipe={self._pipe_id} end={self._end} {state}>"
-
-    # -- activation ------------------------------------------------------------------
-    def _activate(self, arrived: bool = False) -> None:
-        if self._pid == jobenv.pid:
-            return
-        from ._runtime.jobenv import current_job_token
-        streams = pipe_ends()
-        inbox = Inbox()
-        streams.add(self._pipe_id, self._end, inbox)  # streams may arrive once registered
-        loc = {"address": streams.address, "proc": process_id()}
-        try:
-            (kinds, counts, peer), body = client_for(self._registry).call(
-                "pipe", "register", self._pipe_id, self._end, loc, loc["proc"],
-                current_job_token(), arrived)
-        except BaseException:
-            streams.remove(self._pipe_id, self._end, inbox)
-            inbox.close()
-            raise
-        self._inbox, self._pid = inbox, os.getpid()
-        self._outbox = self._peer_loc = None
-        position = 0
-        for kind, count in zip(kinds, counts):
-            self._pending.append((kind, body[position:position + count]))
-            position += count
-        if peer is not None:
-            self._connect(peer, _PROBE_SECONDS)
-        live_ends.add(self)
-
-    def _open_outbox(self, loc: dict, timeout: Optional[float]) -> Any:
-        """A sender to the peer end at ``loc``; ``OSError`` if it is not there."""
-        peer_end = 1 - self._end
-        if loc["proc"] == process_id():
-            inbox = pipe_ends().inbox(self._pipe_id, peer_end)
-            if inbox is None:
-                raise ConnectionRefusedError("the other end is no longer active in this process")
-            return LocalOutbox(inbox)
-        return Outbox.open(loc["address"], self._pipe_id, peer_end, timeout)
-
-    def _connect(self, loc: dict, timeout: Optional[float] = None) -> bool:
-        """Open a stream to the peer end at ``loc`` (waiting up to ``timeout`` s, None:
-        :attr:`Outbox.SETUP_SECONDS`); False (and suspicious) on failure."""
-        if self._closed:
-            raise OSError(_TAKEN_AWAY)
-        self._disconnect()
-        self._peer_loc = loc
-        try:
-            outbox = self._open_outbox(loc, timeout)
-        except OSError as exc:
-            logger.debug("pipe %s: cannot reach the other end at %s: %s", self._pipe_id, loc, exc)
-            self._suspect = True
-            return False
-        self._outbox, self._suspect = outbox, False
-        inbox = self._inbox
-        if inbox is not None and not inbox.closed:   # closed: this end is closing (a last
-            inbox.watch(outbox.fileno())              # message, its close marker, goes out)
-        return True
-
-    def _disconnect(self) -> None:
-        if self._outbox is not None:
-            if self._inbox is not None:
-                self._inbox.unwatch()
-            self._outbox.close()
-        self._outbox = None
-
-    def _lookup_peer(self, force: bool = False) -> None:
-        """Find (or re-find) the other end; decide EOF if its last holder is gone."""
-        now = time.monotonic()
-        if not force and now - self._last_lookup < _LOOKUP_INTERVAL:
-            return
-        self._last_lookup = now
-        (loc, holders, lost, closed, held), _ = client_for(self._registry).call(
-            "pipe", "lookup", self._pipe_id, 1 - self._end)
-        if loc is not None:
-            if loc != self._peer_loc or self._outbox is None:
-                self._connect(loc, _PROBE_SECONDS)
-            else:
-                self._suspect = False  # still where our live stream leads
-        elif holders == 0 and (self._suspect or lost or closed):
-            # its last copy died (active, or on its way to a job), or was closed
-            if closed and not lost and not self._peer_gone:
-                self._peer_close_due = now + _CLOSE_MARKER_GRACE
-            self._peer_gone = True
-            # a copy of it still held unused somewhere may read what is sent: after a
-            # clean close sends are kept for it (as a kernel pipe's buffer is for a
-            # descriptor still open); a copy that died is a fault, which sends report
-            self._peer_held = held and not lost
 
     # -- checks ----------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -324,7 +229,7 @@ class Connection(PipeEndClosing):
 
     def _wait_slice(self) -> float:
         """How long a wait may sleep before this end must ask the rendezvous again."""
-        return _LOOKUP_INTERVAL if self._peer_loc is None or self._suspect else 1.0
+        return LOOKUP_INTERVAL if self._peer_loc is None or self._suspect else 1.0
 
     # -- sending ---------------------------------------------------------------------
     def _send_frames(self, kind: bytes, frames: List[Any]) -> None:
@@ -353,11 +258,6 @@ class Connection(PipeEndClosing):
                 self._stream_broke(exc)
                 self._check_peer_there()
 
-    def _check_peer_there(self) -> None:
-        self._lookup_peer(force=True)
-        if self._peer_gone and not self._peer_held:
-            raise BrokenPipeError("the other end of the pipe is closed")
-
     def _send_quick(self, kind: bytes, payload: bytes) -> bool:
         """Send one small ``bytes`` payload the short way when the end is active here and
         connected (the usual case; the caller has checked that it is open and
@@ -373,13 +273,6 @@ class Connection(PipeEndClosing):
             self._stream_broke(exc)
             return False
         return True
-
-    def _stream_broke(self, exc: OSError) -> None:
-        """The stream to the peer failed: drop it and ask the rendezvous before trusting
-        the peer again."""
-        logger.debug("pipe %s: stream to the other end broke: %s", self._pipe_id, exc)
-        self._disconnect()
-        self._suspect = True
 
     def send(self, obj: Any) -> None:
         """Send a picklable object to the other end."""
@@ -413,7 +306,7 @@ class Connection(PipeEndClosing):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             watching = self._peer_loc is None or self._suspect
-            slice_s = _LOOKUP_INTERVAL if watching else 1.0
+            slice_s = LOOKUP_INTERVAL if watching else 1.0
             if deadline is not None:
                 slice_s = min(slice_s, max(0.0, deadline - time.monotonic()))
             self._collect(slice_s)
@@ -428,16 +321,6 @@ class Connection(PipeEndClosing):
             if deadline is not None and time.monotonic() >= deadline:
                 return False
 
-    def _find_peer_of_a_receiver(self) -> None:
-        """Where the peer is, for an end that has only received (a send would have told
-        it): looked up at most every :data:`_LOOKUP_INTERVAL`, so that a consumer of a
-        steady stream also takes the short way (``_take_quick``) once it knows. A look
-        that fails changes nothing: what arrived is handed out, the next wait looks again."""
-        try:
-            self._lookup_peer()
-        except OSError as exc:
-            logger.debug("pipe %s: looking up the other end failed: %s", self._pipe_id, exc)
-
     def _took_the_peers_last_words(self) -> bool:
         """The rendezvous says the peer is gone. What it sent before is in this end's
         streams, possibly arrived after the last look at them (or, from another host,
@@ -447,7 +330,7 @@ class Connection(PipeEndClosing):
         try:
             inbox.drain(self._pending)
         except ValueError:   # its epoll set was closed under this thread
-            raise OSError(_TAKEN_AWAY) from None
+            raise OSError(TAKEN_AWAY) from None
         if self._pending:
             return True
         if time.monotonic() < self._peer_close_due:
@@ -460,7 +343,7 @@ class Connection(PipeEndClosing):
         closed the end or handed it to another process meanwhile."""
         inbox = self._inbox
         if inbox is None or inbox.closed:
-            raise OSError(_TAKEN_AWAY)
+            raise OSError(TAKEN_AWAY)
         return inbox
 
     def _collect(self, timeout: float) -> None:
@@ -469,17 +352,9 @@ class Connection(PipeEndClosing):
         try:
             ended = inbox.receive(self._pending, timeout)
         except ValueError:   # its epoll set was closed under this thread
-            raise OSError(_TAKEN_AWAY) from None
+            raise OSError(TAKEN_AWAY) from None
         if ended:
             self._stream_ended(ended)
-
-    def _stream_ended(self, ended: int) -> None:
-        """A sender's stream to this end ended, or this end's own outbox did (the bits
-        of ``Inbox.receive``): the peer may be gone, so ask the rendezvous before
-        trusting it again."""
-        if ended & OUTBOX_BROKE:
-            self._disconnect()
-        self._suspect = True
 
     def _next(self) -> Tuple[bytes, List[Any]]:
         self._wait(None)
