@@ -31,7 +31,9 @@ in the same block, with the CPU per env step of the parent's stepping thread and
 the env processes apart. Separate runs on a shared VM swing by 1.5x from minute to minute;
 paired blocks agree within ~0.05x. ``--ppo`` adds ``fiberrl train ppo``
 on ``SlowCartPole-v1`` (300 us per step) with ``--workers 2`` against ``--workers 0``
-(target >= 1.5x). ``--load N`` runs it all with N CPU-bound processes alongside.
+(target >= 1.5x), and, when ``stable-baselines3`` is installed, the peer's speed-up on
+the same envs: its PPO with the same settings on ``SubprocVecEnv`` (fork) against
+``DummyVecEnv``. ``--load N`` runs it all with N CPU-bound processes alongside.
 """
 from __future__ import annotations
 
@@ -279,6 +281,64 @@ def ppo_workers(args: argparse.Namespace) -> None:
     print(f"  the same loop with a {vector_learner_us:.0f} us stand-in learner per vector step: "
           + ", ".join(f"{t} {rate / serial:.2f}x" for t, rate in others.items())
           + f" the envs stepped in the learner's process ({serial:.0f} steps/s)")
+    sb3_speedup(args)
+
+
+def _sb3_rate(vec_env: str, steps: int) -> float:
+    """Env steps per second of Stable-Baselines3's PPO (4 SlowCartPole envs, 128 steps,
+    4 epochs, minibatch 128: ``fiberrl train ppo``'s settings) on ``vec_env``
+    (``dummy``: in its own process; ``fork``: ``SubprocVecEnv`` on the fork context),
+    in a fresh interpreter; torch and the first rollout are left out. torch gets one
+    thread, as in ``fiberrl train`` (with more, its idle threads spin in the cores the
+    env processes need)."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--sb3", vec_env, str(steps)],
+                         capture_output=True, text=True, timeout=600, cwd=tempfile.gettempdir(),
+                         env={**os.environ, "PYTHONPATH": HERE})
+    if out.returncode:
+        raise RuntimeError(f"SB3 on {vec_env} failed:\n{out.stderr[-2000:]}")
+    return float(out.stdout.split()[-1])
+
+
+def sb3_run(vec_env: str, steps: int) -> float:
+    """The body of :func:`_sb3_rate`."""
+    import torch
+    from stable_baselines3 import PPO as SB3PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    import slow_envs
+    if vec_env == "dummy":
+        kwargs = {"vec_env_cls": DummyVecEnv}
+    else:
+        kwargs = {"vec_env_cls": SubprocVecEnv, "vec_env_kwargs": {"start_method": vec_env}}
+    torch.set_num_threads(1)
+    env = make_vec_env(lambda: slow_envs.make_slow_cartpole(300), n_envs=4, seed=0, **kwargs)
+    try:
+        model = SB3PPO("MlpPolicy", env, n_steps=128, batch_size=128, n_epochs=4, seed=0,
+                       verbose=0, device="cpu")
+        model.learn(1024)
+        started = time.perf_counter()
+        model.learn(steps)
+        return steps / (time.perf_counter() - started)
+    finally:
+        env.close()
+
+
+def sb3_speedup(args: argparse.Namespace) -> None:
+    """The peer on the same envs: SB3's PPO with env processes against without."""
+    try:
+        import stable_baselines3  # noqa: F401
+    except ImportError:
+        print("  (stable-baselines3 is not installed: the peer's figure is left out)")
+        return
+    rates = {"dummy": [], "fork": []}
+    for _ in range(args.runs):
+        for vec_env in rates:
+            rates[vec_env].append(_sb3_rate(vec_env, args.ppo_steps))
+    dummy, fork = (statistics.median(rates[key]) for key in ("dummy", "fork"))
+    print(f"  the peer, Stable-Baselines3 PPO, same envs and settings: SubprocVecEnv (fork) "
+          f"{fork:.0f} steps/s, DummyVecEnv {dummy:.0f}: {fork / dummy:.2f}x; runs "
+          f"{[round(r) for r in rates['fork']]} / {[round(r) for r in rates['dummy']]}")
 
 
 def run_learner_loop(target: str, learner_us: float, steps: int = 1000) -> float:
@@ -326,6 +386,9 @@ def learner_loop(target: str, learner_us: float, steps: int) -> float:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--learner-loop":
         print(learner_loop(sys.argv[2], float(sys.argv[3]), int(sys.argv[4])))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--sb3":
+        print(sb3_run(sys.argv[2], int(sys.argv[3])))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--one":
         target, envs, steps, busy_us = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \
