@@ -326,9 +326,8 @@ def sb3_run(vec_env: str, steps: int) -> float:
 
 def sb3_speedup(args: argparse.Namespace) -> None:
     """The peer on the same envs: SB3's PPO with env processes against without."""
-    try:
-        import stable_baselines3  # noqa: F401
-    except ImportError:
+    import importlib.util
+    if importlib.util.find_spec("stable_baselines3") is None:
         print("  (stable-baselines3 is not installed: the peer's figure is left out)")
         return
     rates = {"dummy": [], "fork": []}
