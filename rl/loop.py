@@ -28,6 +28,7 @@ from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .cores import torch_threads_beside
 from .envs import VectorEnv, clip_action, make_vector_env
 from .population import PopulationAlgorithm
 from .rollout import EpisodeCollector, FragmentCollector
@@ -139,6 +140,8 @@ def run(policy: Any, env: Any, stop: Stop, hooks: Sequence[Hook] = (),
     with this one (:func:`rl.train.train` with ``ranks``); ``env_steps`` then counts
     the steps of all of them, so stop conditions and hooks see global figures.
     Population algorithms bring their own envs and ignore ``env`` and ``seed``.
+    While env processes step on this machine's cores, torch's threads are capped so as
+    to leave them those cores (:func:`rl.cores.torch_threads_beside`).
     """
     if ranks < 1:
         raise ValueError(f"ranks must be at least 1, got {ranks}")
@@ -154,7 +157,8 @@ def run(policy: Any, env: Any, stop: Stop, hooks: Sequence[Hook] = (),
         if isinstance(policy, PopulationAlgorithm):
             _run_generations(state, stop, dispatch)
         else:
-            _run_steps(state, stop, dispatch, seed, ranks)
+            with torch_threads_beside(env.processes_here()):
+                _run_steps(state, stop, dispatch, seed, ranks)
         dispatch.call(dispatch.experiment_post, state)
     finally:
         if owns_env:

@@ -267,3 +267,37 @@ def test_the_vanilla_policy_gradient_example_learns_cartpole():
     evaluate = Evaluate("CartPole-v1", every_steps=5_000)
     state = rl.run(policy, env, rl.AfterSteps(100_000) | rl.RewardReached(195), [evaluate], seed=1)
     assert state.evaluations[-1][1] >= 195, state.evaluations
+
+
+class ThreadsSeen(Hook):
+    """torch's intra-op thread count at every act stage."""
+
+    def __init__(self):
+        self.seen = set()
+
+    def act_pre(self, run, obs):
+        self.seen.add(torch.get_num_threads())
+
+
+def test_torch_threads_leave_env_processes_on_this_machine_their_cores():
+    from rl.cores import usable_cores
+    cores = usable_cores()
+    before = torch.get_num_threads()
+    torch.set_num_threads(cores)   # torch's default: one thread per core
+    try:
+        with rl.make_vector_env("CartPole-v1", 2, seed=0, in_processes=True) as env:
+            assert env.processes_here() == 2
+            policy = Bandit(env.observation_space, env.action_space, seed=0)
+            threads = ThreadsSeen()
+            rl.run(policy, env, rl.AfterSteps(20), [threads], seed=0)
+        assert threads.seen == {max(1, cores - 2)}
+        assert torch.get_num_threads() == cores   # given back after the run
+        # members stepped in this process share nothing: the count stays
+        env = rl.make_vector_env("CartPole-v1", 2, seed=0)
+        assert env.processes_here() == 0
+        threads = ThreadsSeen()
+        rl.run(Bandit(env.observation_space, env.action_space, seed=0), env,
+               rl.AfterSteps(20), [threads], seed=0)
+        assert threads.seen == {cores}
+    finally:
+        torch.set_num_threads(before)

@@ -129,6 +129,13 @@ class ProcessVectorEnv(VectorEnv):
             self.close()
             raise
         self._tally = EpisodeTally(self.num_envs)
+        # jobs of these backends run on this machine's cores (Docker's containers too)
+        self._on_this_machine = fiberrl.config.backend_name() in ("local", "docker")
+
+    def processes_here(self) -> int:
+        """The env processes, when their backend runs them on this machine (local,
+        Docker); 0 on Slurm or Kubernetes, whose jobs may run anywhere."""
+        return len(self.procs) if self._on_this_machine else 0
 
     def _ask(self, index: int, code: bytes, payload: Any = None) -> Any:
         self.conns[index].send_bytes(code + pickle.dumps(payload, pickle.HIGHEST_PROTOCOL))

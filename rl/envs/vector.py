@@ -70,6 +70,11 @@ class VectorEnv(ABC):
     def close(self) -> None:
         """Release the members."""
 
+    def processes_here(self) -> int:
+        """How many processes step members on this machine's cores, beside the caller
+        (0: the members step in the caller's process, or on other machines)."""
+        return 0
+
     def __enter__(self) -> "VectorEnv":
         return self
 
