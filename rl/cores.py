@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sys
 from typing import Iterator
 
+# the count fiberrl's receivers use to decide whether a core is free to spin on: the
+# process's affinity, capped by its cgroup's CPU quota (a container's --cpus)
+from fiberrl._wire.spin import usable_cpus as usable_cores
+
 logger = logging.getLogger(__name__)
-
-
-def usable_cores() -> int:
-    """Cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
 
 
 @contextlib.contextmanager
