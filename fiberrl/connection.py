@@ -305,8 +305,7 @@ class Connection(PipeEndPeer):
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            watching = self._peer_loc is None or self._suspect
-            slice_s = LOOKUP_INTERVAL if watching else 1.0
+            slice_s = self._wait_slice()
             if deadline is not None:
                 slice_s = min(slice_s, max(0.0, deadline - time.monotonic()))
             self._collect(slice_s)
