@@ -1,13 +1,14 @@
 """Core runtime benchmarks, fiberrl side by side with stdlib multiprocessing in one run.
 
-    python bench/bench_core.py [--quick] [--load N]
+    python bench/bench_core.py [--quick] [--load N] [--one-layout]
 
 Prints, for each measure, the stdlib figure, fiberrl's, and the ratio the issue's
 target is stated in; beside the latency of the pipe and the queue, the CPU each costs
 (user + system, every process involved). ``--load N`` runs everything with N
 CPU-bound processes alongside (one per core: a busy compute node, issue 29's
 condition); run it with ``--load 0`` and ``--load $(nproc)`` to see both states.
-These are measurements, not tests: the machine is shared.
+``--one-layout`` runs every process in one address layout, as forked children run
+(``bench/machine_load.py``). These are measurements, not tests: the machine is shared.
 """
 import argparse
 import multiprocessing
@@ -21,7 +22,8 @@ import time
 import numpy as np
 
 import fiberrl
-from machine_load import add_load_option, cpu_load, cpu_seconds, describe
+from machine_load import (add_layout_option, add_load_option, apply_layout_option, cpu_load,
+                          cpu_seconds, describe)
 
 
 def echo(conn, n, core=None, objects=False):
@@ -163,7 +165,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
     add_load_option(parser)
+    add_layout_option(parser)
     args = parser.parse_args()
+    apply_layout_option(args, sys.argv)
     print(describe(args.load))
     with cpu_load(args.load):
         run(0.2 if args.quick else 1.0)

@@ -45,7 +45,6 @@ Medians of R interleaved rounds (one round on a 2-core VM swings by 2-3x). Run i
 idle and with ``--load $(nproc)``. A measurement, not a test.
 """
 import argparse
-import ctypes
 import functools
 import json
 import multiprocessing
@@ -58,12 +57,11 @@ import time
 
 import fiberrl
 from bench_core import pipe_pingpong
-from machine_load import add_load_option, cpu_load, cpu_seconds, describe
+from machine_load import add_load_option, cpu_load, cpu_seconds, describe, set_one_layout
 from signed_stdlib import SignedStdlib
 
 PAYLOAD = b"x" * 64   # as bench_core's ping-pong
 ROUNDS = 2000
-ADDR_NO_RANDOMIZE = 0x0040000   # <linux/personality.h>
 LAYOUTS = {"own": "each interpreter at its own random addresses (as processes are made)",
            "one": "address-space randomization off: one layout for every interpreter"}
 
@@ -110,14 +108,6 @@ def raw_pingpong(rounds=ROUNDS, core=None):
     return statistics.median(samples) * 1e6, cpu / rounds * 1e6
 
 
-def one_layout() -> None:
-    """Turn address-space randomization off for the programs this process execs."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    current = libc.personality(0xFFFFFFFF)
-    if current == -1 or libc.personality(current | ADDR_NO_RANDOMIZE) == -1:
-        raise OSError(ctypes.get_errno(), "personality(ADDR_NO_RANDOMIZE) failed")
-
-
 def measures_for(core, objects):
     """The targets, by name: a function each returning (p50 round trip, CPU per round trip)."""
     measures = {"raw": functools.partial(raw_pingpong, core=core)}
@@ -145,7 +135,7 @@ def round_in(layout, same_core, objects):
     """One round of every target in a fresh bench process of ``layout``."""
     command = [sys.executable, os.path.abspath(__file__), "--one-round"]
     command += ["--same-core"] * same_core + ["--objects"] * objects
-    preexec = one_layout if layout == "one" else None
+    preexec = set_one_layout if layout == "one" else None
     done = subprocess.run(command, capture_output=True, text=True, check=True,
                           preexec_fn=preexec, cwd=os.path.dirname(os.path.abspath(__file__)))
     return json.loads(done.stdout.strip().splitlines()[-1])

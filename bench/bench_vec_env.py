@@ -1,8 +1,9 @@
 """RL's hot path: vector envs stepped over pipes, fiberrl beside the stdlib, idle or loaded.
 
     python bench/bench_vec_env.py [--envs 2,4] [--busy-us 0,300] [--steps 2000] [--runs 3]
-                                  [--load N] [--ppo] [--ppo-steps 20000]
+                                  [--load N] [--one-layout] [--ppo] [--ppo-steps 20000]
     python bench/bench_vec_env.py --paired [--steps 300] [--blocks 40] [--envs 2,4] [--load N]
+                                  [--one-layout]
 
 For every number of envs and env step cost (CartPole-v1, plus a busy wait of
 ``--busy-us`` microseconds per step), interleaved runs of:
@@ -34,6 +35,11 @@ on ``SlowCartPole-v1`` (300 us per step) with ``--workers 2`` against ``--worker
 (target >= 1.5x), and, when ``stable-baselines3`` is installed, the peer's speed-up on
 the same envs: its PPO with the same settings on ``SubprocVecEnv`` (fork) against
 ``DummyVecEnv``. ``--load N`` runs it all with N CPU-bound processes alongside.
+``--one-layout`` runs it all with address-space randomization off, so that every
+process has the address layout a forked child has (``setarch -R``): fresh interpreters
+(the stdlib's spawn and forkserver, fiberrl's jobs) taking turns on a core with
+processes of other layouts run Python slower than forked ones, and this separates that
+cost from a library's own (docs/benchmarks.md, stops 47 and 53).
 """
 from __future__ import annotations
 
@@ -49,7 +55,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from machine_load import add_load_option, cpu_load, describe, process_cpu  # noqa: E402
+from machine_load import (add_layout_option, add_load_option, apply_layout_option,  # noqa: E402
+                          cpu_load, describe, process_cpu)
 
 TARGETS = ("AVE fork", "AVE spawn", "AVE fiberrl", "PVE fiberrl", "PVE packed")
 GOALS = {"AVE fiberrl": 0.9, "PVE fiberrl": 1.0, "PVE packed": 1.0}
@@ -408,7 +415,9 @@ def main() -> None:
                              "stepped in turn in one interpreter (--steps per block: 300)")
     parser.add_argument("--blocks", type=int, default=40, help="blocks of a --paired run")
     add_load_option(parser)
+    add_layout_option(parser)
     args = parser.parse_args()
+    apply_layout_option(args, sys.argv)
     print(describe(args.load))
     with cpu_load(args.load):
         if args.paired:
