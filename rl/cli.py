@@ -124,8 +124,9 @@ def train_command(args: argparse.Namespace) -> int:
     preflight.check_algorithm(args.algo)
     if not args.env:
         raise UsageError("--env is required (a gymnasium id, e.g. CartPole-v1)")
-    for name in ("total_steps", "eval_episodes", "ranks"):
-        if getattr(args, name) < 1:
+    for name in ("total_steps", "eval_episodes", "ranks", "num_envs", "eval_every"):
+        value = getattr(args, name)   # (the last two: None for the algorithm's default)
+        if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     if args.workers < 0:
         raise UsageError("--workers must be 0 or more")

@@ -42,6 +42,10 @@ def train(spec: TrainSpec) -> Dict[str, Any]:
         raise ValueError(f"unknown algorithm {spec.algo!r}; choose one of {', '.join(names)}")
     if spec.total_steps < 1:
         raise ValueError(f"total_steps must be at least 1, got {spec.total_steps}")
+    for name in ("num_envs", "eval_every", "checkpoint_every"):   # None: the default
+        value = getattr(spec, name)
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
     if spec.backend:
         import fiberrl
         fiberrl.init(backend=spec.backend)

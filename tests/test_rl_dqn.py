@@ -369,3 +369,14 @@ def test_train_builders(tmp_path):
     finally:
         for close in trainee.closers:
             close()
+
+
+@pytest.mark.parametrize("field", ["num_envs", "eval_every", "checkpoint_every"])
+@pytest.mark.parametrize("value", [0, -3])
+def test_a_count_or_period_below_one_is_refused_not_taken_for_the_default(tmp_path, field, value):
+    from rl.train import TrainSpec, train
+    spec = TrainSpec(algo="dqn", env="CartPole-v1", out=tmp_path / "out", total_steps=50,
+                     **{field: value})
+    with pytest.raises(ValueError, match=f"{field} must be at least 1"):
+        train(spec)
+    assert not (tmp_path / "out").exists()
