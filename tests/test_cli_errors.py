@@ -14,6 +14,8 @@ FIBERRL = [sys.executable, "-m", "fiberrl.cli"]
 BAD = [
     (["ps", "--backend", "nosuch"], "fiberrl ps: error: unknown backend 'nosuch'"),
     (["cancel", "local-999999"], "fiberrl cancel: error: no local fiberrl job"),
+    (["cancel", "nosuchjob"], "fiberrl cancel: error: no local fiberrl job 'nosuchjob': a "
+                              "local job's id is local-<pid>"),
     (["cancel"], "fiberrl cancel: error: name the jobs to cancel, or --all"),
     (["logs", "local-1"], "fiberrl logs: error: local jobs write"),
     (["run", "nosuch.py"], "fiberrl run: error: no such script"),

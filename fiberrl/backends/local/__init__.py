@@ -326,8 +326,12 @@ class LocalBackend(Backend):
 
     def attach(self, job_id: str) -> Job:
         import psutil
+        pid = job_id.rsplit("-", 1)[-1]
+        if not pid.isdigit():
+            raise BackendError(f"no local fiberrl job {job_id!r}: a local job's id is "
+                               "local-<pid>")
         try:
-            proc = psutil.Process(int(job_id.rsplit("-", 1)[-1]))
+            proc = psutil.Process(int(pid))
             if RUN_ENV not in proc.environ():
                 raise ValueError("not a fiberrl job")
         except (psutil.Error, ValueError, OSError) as exc:
