@@ -121,6 +121,8 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--confidence must lie in (0, 1), got {args.confidence}")
     if not args.temperature > 0:
         raise UsageError(f"--temperature must be positive, got {args.temperature}")
+    if args.gamma is not None and not 0.0 <= args.gamma <= 1.0:
+        raise UsageError(f"--gamma must lie in [0, 1], got {args.gamma}")
     if getattr(args, "backend", None):
         from fiberrl.cli.jobs import check_backend
         check_backend(args.backend)

@@ -60,6 +60,11 @@ BAD = [
                                      "format from suffix '.txt'; use one of"),
     (["cpe", "evaluate", "log.jsonl", "--target-policy", "nosuch.pt"],
      "fiberrl cpe evaluate: error: --target-policy nosuch.pt: no such file"),
+    # a discount outside [0, 1] is refused for bandit data too (there it would be unused)
+    (["cpe", "evaluate", "log.jsonl", "--gamma", "2"],
+     "fiberrl cpe evaluate: error: --gamma must lie in [0, 1], got 2.0"),
+    (["cpe", "evaluate", "log.jsonl", "--gamma", "nan"],
+     "fiberrl cpe evaluate: error: --gamma must lie in [0, 1], got nan"),
 ]
 
 
