@@ -41,14 +41,9 @@ BAD = [
     (["train", "ppo", "--env", "CartPole-v1", "--total-steps", "x"],
      "fiberrl train: error: argument --total-steps: invalid int value"),
     # 0 is no count of envs nor a period: not silently the default
-    (["train", "ppo", "--env", "CartPole-v1", "--num-envs", "0", "--out", "out"],
-     "fiberrl train: error: --num-envs must be at least 1"),
-    (["train", "ppo", "--env", "CartPole-v1", "--num-envs", "-3", "--out", "out"],
-     "fiberrl train: error: --num-envs must be at least 1"),
-    (["train", "ppo", "--env", "CartPole-v1", "--eval-every", "0", "--out", "out"],
-     "fiberrl train: error: --eval-every must be at least 1"),
-    (["train", "ppo", "--env", "CartPole-v1", "--eval-every", "-5", "--out", "out"],
-     "fiberrl train: error: --eval-every must be at least 1"),
+    *[(["train", "ppo", "--env", "CartPole-v1", flag, value, "--out", "out"],
+       f"fiberrl train: error: {flag} must be at least 1")
+      for flag in ("--num-envs", "--eval-every") for value in ("0", "-3")],
     (["workflow", "timeline", "--input", "nosuch.jsonl", "--out", "out", "--gamma", "0.9"],
      "fiberrl workflow timeline: error:"),
     (["workflow", "train", "--config", "nosuch.toml"], "fiberrl workflow train: error:"),
