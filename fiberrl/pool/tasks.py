@@ -227,11 +227,15 @@ class Call(abc.ABC):
     def __init__(self, pool_core: Any, func: Callable[..., Any], callback, error_callback,
                  progress: Any = None, total_items: Optional[int] = None,
                  items_per_task: int = 1) -> None:
+        for name, fn in (("callback", callback), ("error_callback", error_callback)):
+            if fn and not callable(fn):   # before any task is sent
+                raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
         self._core = pool_core
         self.function = pool_core.functions.acquire(func)
         self._items_per_task = items_per_task
-        self._callback = callback
-        self._error_callback = error_callback
+        # a false value is no callback, as the stdlib's pool tests them (``if callback``)
+        self._callback = callback or None
+        self._error_callback = error_callback or None
         self._progress = make_progress(progress, total_items)
         self._outstanding = 0          # tasks submitted and not yet finished (I/O thread)
         self._submitted_all = False
