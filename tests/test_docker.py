@@ -380,3 +380,20 @@ def test_no_output_directory_streams_each_containers_log_instead(docker, capfd, 
     proc.join(60)
     assert proc.exitcode == 0
     job_streams.assert_streams_apart(capfd, fail=False)
+
+
+def test_containers_use_this_machines_cores_only_with_a_dockerd_here(tmp_path, monkeypatch):
+    """What ``ProcessVectorEnv.processes_here`` asks: a remote ``DOCKER_HOST``'s
+    containers compute elsewhere. (No dockerd needed: only where it is is read.)"""
+    import socket
+    from fiberrl.backends.docker import DockerBackend
+    backend = object.__new__(DockerBackend)
+    here = socket.socket(socket.AF_UNIX)
+    here.bind(str(tmp_path / "docker.sock"))
+    try:
+        monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'docker.sock'}")
+        assert backend.uses_local_cores
+        monkeypatch.setenv("DOCKER_HOST", "tcp://10.0.0.7:2376")
+        assert not backend.uses_local_cores
+    finally:
+        here.close()

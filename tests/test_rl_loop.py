@@ -301,3 +301,13 @@ def test_torch_threads_leave_env_processes_on_this_machine_their_cores():
         assert threads.seen == {cores}
     finally:
         torch.set_num_threads(before)
+
+
+def test_env_processes_of_a_backend_that_computes_elsewhere_leave_torch_its_threads(monkeypatch):
+    """Whether env processes share this machine's cores is the backend's to say
+    (``uses_local_cores``), not a list of backend names: a remote dockerd's containers,
+    like Slurm's jobs, compute elsewhere."""
+    from fiberrl.backends.local import LocalBackend
+    monkeypatch.setattr(LocalBackend, "uses_local_cores", False)   # as if elsewhere
+    with rl.make_vector_env("CartPole-v1", 2, seed=0, in_processes=True) as env:
+        assert env.processes_here() == 0

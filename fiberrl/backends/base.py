@@ -146,6 +146,9 @@ class Backend(abc.ABC):
     name: str = ""
     #: True when jobs run on this machine and inherit ``JobSpec.pass_fds``.
     shares_host: bool = False
+    #: True when jobs compute on this machine's CPUs, sharing its cores with this
+    #: process (those of ``shares_host``, and containers of a dockerd on this machine).
+    uses_local_cores: bool = False
     #: True when the jobs' output is forwarded to this process's stdout as it comes.
     forwards_output: bool = False
 

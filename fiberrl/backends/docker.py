@@ -331,6 +331,11 @@ class DockerBackend(Backend):
             volumes[host] = target if isinstance(target, dict) else {"bind": target, "mode": "rw"}
         return volumes
 
+    @property
+    def uses_local_cores(self) -> bool:
+        """True with a dockerd on this machine (its containers run on these cores)."""
+        return self._socket_path() is not None
+
     @staticmethod
     def _socket_path() -> Optional[str]:
         """The local dockerd's socket (None for a remote ``DOCKER_HOST``)."""

@@ -33,6 +33,7 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 
 import fiberrl
+from fiberrl.backends import default_backend
 
 from . import step_codec
 from .make import EnvSpec, make_env
@@ -129,12 +130,12 @@ class ProcessVectorEnv(VectorEnv):
             self.close()
             raise
         self._tally = EpisodeTally(self.num_envs)
-        # jobs of these backends run on this machine's cores (Docker's containers too)
-        self._on_this_machine = fiberrl.config.backend_name() in ("local", "docker")
+        self._on_this_machine = default_backend().uses_local_cores
 
     def processes_here(self) -> int:
-        """The env processes, when their backend runs them on this machine (local,
-        Docker); 0 on Slurm or Kubernetes, whose jobs may run anywhere."""
+        """The env processes, when their backend runs them on this machine's cores
+        (local; a dockerd on this machine); 0 on Slurm, Kubernetes or a remote dockerd,
+        whose jobs may run anywhere."""
         return len(self.procs) if self._on_this_machine else 0
 
     def _ask(self, index: int, code: bytes, payload: Any = None) -> Any:

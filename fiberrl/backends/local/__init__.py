@@ -186,6 +186,7 @@ class LocalBackend(Backend):
 
     name = "local"
     shares_host = True
+    uses_local_cores = True
     forwards_output = True
 
     def __init__(self, listen_host: Optional[str] = None) -> None:
